@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""Run the benchmark for monarch-aio, torchmonarch and Ray in one go and compare.
+
+    bash benchmarks/setup_peers.sh          # once: creates .venvs/torchmonarch and .venvs/ray
+    python3 benchmarks/run_all.py [--quick] [--passes N] [--rounds N] [--impls a,b,c]
+
+Each "pass" runs every implementation once, in a rotating order, as its own
+subprocess (with a timeout); samples from all passes are pooled and the median
+reported, so the three implementations share the machine's noise.
+Raw JSON + logs go to benchmarks/out/run-<timestamp>/; the table is printed and
+also written to summary.md there (and benchmarks/out/latest.md / latest.json).
+Standard library only, so it runs under any python3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+IMPLS = {
+    # name: (python, script)
+    "monarch-aio": (os.path.join(ROOT, ".venv", "bin", "python"), "bench_monarch_api.py"),
+    "torchmonarch": (os.path.join(ROOT, ".venvs", "torchmonarch", "bin", "python"), "bench_monarch_api.py"),
+    "ray": (os.path.join(ROOT, ".venvs", "ray", "bin", "python"), "bench_ray.py"),
+}
+OURS, TM, RAY = "monarch-aio", "torchmonarch", "ray"
+
+# metric key, label, unit, fmt, higher_is_better
+METRICS = [
+    ("spawn_s", "spawn 4 procs + actor + 1st reply", "s", "{:.3f}", False),
+    ("rt_sync_us", "round trip call_one().get()", "µs", "{:,.0f}", False),
+    ("rt_await_us", "round trip await call_one()", "µs", "{:,.0f}", False),
+    ("outstanding_calls_per_s", "10k outstanding call_one", "calls/s", "{:,.0f}", True),
+    ("gather_per_s", "call() on 4-proc mesh + get()", "gathers/s", "{:,.0f}", True),
+    ("payload_bytes_mb_per_s", "64 MiB bytes payload", "MB/s", "{:,.0f}", True),
+    ("payload_numpy_mb_per_s", "64 MiB numpy payload", "MB/s", "{:,.0f}", True),
+    ("inproc_rt_us", "in-process actor round trip", "µs", "{:,.1f}", False),
+    ("import_s", "import monarch.actor (ray: import ray)", "s", "{:.3f}", False),
+    ("idle_worker_rss_mb", "idle worker RSS", "MB", "{:.1f}", False),
+]
+
+# metric -> (description, kind, value): kind "vs_tm" (ratio ours/torchmonarch),
+# "vs_ray" (ratio ours/ray), "abs" (absolute value of ours); op "<=" or ">=".
+TARGETS = {
+    "rt_sync_us": ("<= 0.1x torchmonarch", "vs_tm", "<=", 0.1),
+    "rt_await_us": ("<= 0.1x torchmonarch", "vs_tm", "<=", 0.1),
+    "outstanding_calls_per_s": (">= 10x torchmonarch", "vs_tm", ">=", 10.0),
+    "gather_per_s": (">= 5x torchmonarch", "vs_tm", ">=", 5.0),
+    "spawn_s": ("<= 0.5x torchmonarch", "vs_tm", "<=", 0.5),
+    "payload_bytes_mb_per_s": (">= 1.5x torchmonarch", "vs_tm", ">=", 1.5),
+    "payload_numpy_mb_per_s": (">= 1x Ray", "vs_ray", ">=", 1.0),
+    "inproc_rt_us": ("<= 30 µs", "abs", "<=", 30.0),
+    "import_s": ("<= 0.1 s", "abs", "<=", 0.1),
+    "idle_worker_rss_mb": ("<= 50 MB", "abs", "<=", 50.0),
+}
+
+_BENCH_LINE = re.compile(r"^\[bench\] (\w+) \.\.\.$")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="1 pass, 2 rounds, short loops")
+    p.add_argument("--passes", type=int, default=None, help="interleaved passes (default 3, quick 1)")
+    p.add_argument("--rounds", type=int, default=None, help="measured rounds per pass (default 2)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--loop-s", type=float, default=None, help="seconds per call-loop round (default 1.0, quick 0.4)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per benchmark subprocess (default 300, quick 180)")
+    p.add_argument("--metric-timeout", type=float, default=90.0,
+                   help="per-metric hang limit inside a benchmark (it then exits and is restarted "
+                        "for the remaining metrics)")
+    p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
+    p.add_argument("--metrics", default=None, help="comma-separated subset of metric keys")
+    p.add_argument("--out-dir", default=os.path.join(HERE, "out"))
+    a = p.parse_args()
+    a.passes = a.passes or (1 if a.quick else 3)
+    a.rounds = a.rounds or 2
+    a.loop_s = a.loop_s or (0.4 if a.quick else 1.0)
+    a.timeout = a.timeout or (180.0 if a.quick else 300.0)
+    return a
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: str, n: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = [ln.rstrip() for ln in f.readlines()]
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def _last_json_line(path: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().strip().splitlines()
+    except OSError:
+        return None
+    for ln in reversed(lines):
+        ln = ln.strip()
+        if ln.startswith("{"):
+            try:
+                return json.loads(ln)
+            except ValueError:
+                return None
+    return None
+
+
+def _running_metric(stderr_path: str) -> Optional[str]:
+    """The metric the benchmark had started last (from its '[bench] X ...' lines)."""
+    last = None
+    try:
+        with open(stderr_path, errors="replace") as f:
+            for ln in f:
+                m = _BENCH_LINE.match(ln.strip())
+                if m:
+                    last = m.group(1)
+    except OSError:
+        pass
+    return last
+
+
+def run_one(name: str, args, run_dir: str, tag: str, metrics: List[str]) -> Dict[str, Any]:
+    py, script = IMPLS[name]
+    out_json = os.path.join(run_dir, tag + ".json")
+    out_log, err_log = os.path.join(run_dir, tag + ".stdout"), os.path.join(run_dir, tag + ".stderr")
+    info: Dict[str, Any] = {"impl": name, "tag": tag, "result": None, "error": None}
+    if not os.path.exists(py):
+        info["error"] = f"interpreter not found: {py} (run benchmarks/setup_peers.sh)"
+        return info
+    cmd = [py, os.path.join(HERE, script), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
+           "--loop-s", str(args.loop_s), "--metric-timeout", str(args.metric_timeout), "--out", out_json, "--metrics", ",".join(metrics)]
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    # bytecode caching on (this machine sets PYTHONDONTWRITEBYTECODE), but the caches
+    # live under benchmarks/out/, never in the source tree.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = os.path.join(args.out_dir, "pycache")
+    # cwd outside the checkout: /work/main/monarch must not shadow torchmonarch's
+    # `monarch` (worker procs are started with `python -c`, which puts cwd on sys.path).
+    cwd = os.path.join(run_dir, "cwd")
+    os.makedirs(cwd, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(out_log, "w") as so, open(err_log, "w") as se:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            _kill_group(proc.pid)  # also reaps worker procs the benchmark left behind
+            if rc is None:
+                proc.wait()
+    info["wall_s"] = round(time.perf_counter() - t0, 1)
+    res = _last_json_line(out_log)
+    if res is None and os.path.exists(out_json):
+        try:
+            with open(out_json) as f:
+                res = json.load(f)
+        except ValueError:
+            res = None
+    info["result"] = res
+    info["rc"] = rc
+    info["running_metric"] = _running_metric(err_log)
+    if rc is None:
+        info["hung_metric"] = info["running_metric"]
+        info["error"] = f"timed out after {args.timeout:.0f}s (in metric {info['running_metric']})"
+    elif rc == 3 and res and res.get("hung"):
+        info["hung_metric"] = info["running_metric"]
+        info["error"] = f"{res['hung']} hung (> {args.metric_timeout:.0f}s); process killed"
+    elif rc != 0 or res is None:
+        tail = [ln for ln in _tail(err_log, 40).splitlines() if ln.strip()]
+        exc = [ln for ln in tail if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)]
+        info["error"] = f"exit code {rc}: " + ((exc[-1] if exc else " | ".join(tail[-3:]))[-500:]
+                                                 or "(no stderr)") + f" (log: {err_log})"
+    return info
+
+
+def fmt(metric: str, v: Optional[float]) -> str:
+    if v is None:
+        return "—"
+    for m, _, unit, f, _ in METRICS:
+        if m == metric:
+            return f.format(v) + " " + unit
+    return str(v)
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def main() -> int:
+    args = parse_args()
+    names = [n for n in args.impls.split(",") if n]
+    for n in names:
+        if n not in IMPLS:
+            sys.exit(f"unknown impl {n!r}; choose from {list(IMPLS)}")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = os.path.join(args.out_dir, f"run-{stamp}")
+    os.makedirs(run_dir, exist_ok=True)
+
+    samples: Dict[str, Dict[str, List[float]]] = {n: {} for n in names}
+    errors: Dict[str, List[str]] = {n: [] for n in names}
+    meta: Dict[str, Dict[str, Any]] = {n: {} for n in names}
+    skip: Dict[str, List[str]] = {n: [] for n in names}   # metrics that hung: not retried
+    dead: set = set()                                     # impls that produced nothing at all
+    runs = []
+
+    wanted = [m for m, *_ in METRICS]
+    if args.metrics:
+        wanted = [m for m in args.metrics.split(",") if m]
+
+    for p in range(args.passes):
+        order = names[p % len(names):] + names[:p % len(names)]
+        for n in order:
+            if n in dead:
+                continue
+            remaining = [m for m in wanted if m not in skip[n]]
+            attempt = 0
+            while remaining:
+                print(f"[run_all] pass {p + 1}/{args.passes}: {n}"
+                      + (f" (restart {attempt}: {','.join(remaining)})" if attempt else "") + " ...",
+                      file=sys.stderr, flush=True)
+                info = run_one(n, args, run_dir, f"{n}.pass{p}" + (f".r{attempt}" if attempt else ""),
+                               remaining)
+                runs.append({k: v for k, v in info.items() if k != "result"})
+                res = info["result"] or {}
+                for m, xs in (res.get("samples") or {}).items():
+                    samples[n].setdefault(m, []).extend(x for x in xs if x is not None)
+                for m, e in (res.get("errors") or {}).items():
+                    errors[n].append(f"pass {p + 1}: {m}: {e}")
+                for k in ("impl", "monarch_path"):
+                    if k in res:
+                        meta[n][k] = res[k]
+                if res.get("notes"):
+                    meta[n].setdefault("notes", {}).update(res["notes"])
+                print(f"[run_all]   {n}: {info.get('wall_s', 0)}s"
+                      + (f", error: {info['error'][:300]}" if info["error"] else ""), file=sys.stderr, flush=True)
+                if not info["error"]:
+                    break
+                errors[n].append(f"pass {p + 1}: {info['error']}")
+                if info.get("hung_metric"):
+                    skip[n].append(info["hung_metric"])  # never retried: it would just hang again
+                attempted = set((res.get("metrics") or {}).keys())
+                if info.get("running_metric"):
+                    attempted.add(info["running_metric"])
+                if not (res.get("metrics") or {}) and not info.get("running_metric"):
+                    dead.add(n)  # died before measuring anything (e.g. import failed)
+                    break
+                left = [m for m in remaining if m not in attempted and m not in skip[n]]
+                if left == remaining:
+                    break
+                remaining = left
+                attempt += 1
+
+    med: Dict[str, Dict[str, Optional[float]]] = {
+        n: {m: (statistics.median(samples[n][m]) if samples[n].get(m) else None) for m, *_ in METRICS}
+        for n in names
+    }
+
+    def get(n: str, m: str) -> Optional[float]:
+        return med.get(n, {}).get(m)
+
+    lines = []
+    lines.append(f"# monarch benchmark {stamp}  (passes={args.passes}, rounds/pass={args.rounds}, "
+                 f"loop={args.loop_s}s; medians of pooled samples)")
+    lines.append("")
+    for n in names:
+        lines.append(f"- **{n}**: {meta[n].get('impl', '?')}"
+                     + (f" — `monarch` from {meta[n]['monarch_path']}" if meta[n].get("monarch_path") else ""))
+    lines.append("")
+    hdr = ["metric"] + names + ["monarch-aio / torchmonarch", "monarch-aio / ray", "target", "met?"]
+    lines.append("| " + " | ".join(hdr) + " |")
+    lines.append("|" + "---|" * len(hdr))
+    verdicts = {}
+    for m, label, unit, _, hib in METRICS:
+        if args.metrics and m not in args.metrics.split(","):
+            continue
+        row = [f"{label} (`{m}`)"] + [fmt(m, get(n, m)) for n in names]
+        r_tm = ratio(get(OURS, m), get(TM, m))
+        r_ray = ratio(get(OURS, m), get(RAY, m))
+        row.append(f"{r_tm:.3g}x" if r_tm is not None else "—")
+        row.append(f"{r_ray:.3g}x" if r_ray is not None else "—")
+        verdict = "n/a"
+        tgt = TARGETS.get(m)
+        if tgt:
+            desc, kind, op, val = tgt
+            x = {"vs_tm": r_tm, "vs_ray": r_ray, "abs": get(OURS, m)}[kind]
+            if x is not None:
+                verdict = "yes" if (x <= val if op == "<=" else x >= val) else "NO"
+            row.append(desc)
+        else:
+            row.append("")
+        row.append(verdict)
+        verdicts[m] = verdict
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append("Ratios are monarch-aio's value divided by the peer's (for µs/s/MB lower is better; "
+                 "for calls/s, gathers/s, MB/s higher is better).")
+    any_err = False
+    for n in names:
+        if errors[n]:
+            if not any_err:
+                lines.append("")
+                lines.append("## Errors")
+                any_err = True
+            for e in errors[n]:
+                lines.append(f"- {n}: {e}")
+    for n in names:
+        for m, note in (meta[n].get("notes") or {}).items():
+            lines.append(f"- note {n} `{m}`: {note}")
+    table = "\n".join(lines) + "\n"
+
+    summary = {"stamp": stamp, "args": vars(args), "medians": med, "samples": samples, "errors": errors,
+               "meta": meta, "runs": runs, "verdicts": verdicts}
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(run_dir, "summary.md"), "w") as f:
+        f.write(table)
+    shutil.copyfile(os.path.join(run_dir, "summary.json"), os.path.join(args.out_dir, "latest.json"))
+    shutil.copyfile(os.path.join(run_dir, "summary.md"), os.path.join(args.out_dir, "latest.md"))
+    print(table)
+    print(f"[run_all] raw results in {run_dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""``ActorMesh``: a picklable reference to the actors of one spawn, over a (sliced) shape.
+
+A mesh holds the address of the process of every rank it was spawned on and a Shape whose
+base ranks index those addresses, so a slice keeps addressing the right processes and a
+mesh passed to another actor works there unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+from monarch._src.actor.actor import endpoint_table
+from monarch._src.actor.endpoint import ActorEndpoint, NotAnEndpoint
+from monarch._src.actor.errors import SupervisionError
+from monarch._src.actor.future import Future
+from monarch._src.mesh.mesh_trait import MeshTrait
+from monarch._src.mesh.shape import Shape
+
+T = TypeVar("T")
+
+
+class ActorMesh(MeshTrait, Generic[T]):
+    """What ``ProcMesh.spawn`` returns; typed as the actor class for IDE completion."""
+
+    def __init__(self, cls: type, name: str, key: str, addresses: tuple[str, ...], shape: Shape) -> None:
+        self._class = cls
+        self._class_name = cls.__name__
+        self._mesh_name = name
+        self._key = key
+        self._addresses = addresses
+        self._mesh_shape = shape
+        self._endpoint_cache: dict[str, Any] = {}
+        self._dest_cache: list[tuple[int, str]] | None = None
+        self._stopped = False
+
+    # -- MeshTrait ----------------------------------------------------------------------------
+
+    @property
+    def _shape(self) -> Shape:
+        return self._mesh_shape
+
+    def _new_with_shape(self, shape: Shape) -> "ActorMesh[T]":
+        return ActorMesh(self._class, self._mesh_name, self._key, self._addresses, shape)
+
+    # -- messaging support --------------------------------------------------------------------
+
+    def _destinations(self) -> list[tuple[int, str]]:
+        """(message rank, process address) for every rank of this (sliced) mesh."""
+        d = self._dest_cache
+        if d is None:
+            addrs = self._addresses
+            d = self._dest_cache = [(i, addrs[base]) for i, base in enumerate(self._mesh_shape.ranks())]
+        return d
+
+    def _extent_wire(self) -> list[Any]:
+        ext = self._mesh_shape.extent
+        return [ext.labels, ext.sizes]
+
+    def _shape_renumbered(self) -> Shape:
+        return Shape.from_extent(self._mesh_shape.extent)
+
+    def _check_usable(self, endpoint: str) -> None:
+        if self._stopped:
+            raise SupervisionError(
+                f"Endpoint call {self._mesh_name}.{endpoint}() failed, actor mesh {self._mesh_name} has been stopped"
+            )
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_class", "_endpoint_cache"):
+            raise AttributeError(name)
+        cache = self._endpoint_cache
+        ep = cache.get(name)
+        if ep is not None:
+            return ep
+        prop = endpoint_table(self._class).get(name)
+        if prop is not None:
+            ep = cache[name] = ActorEndpoint(self, name, prop)
+            return ep
+        if callable(getattr(self._class, name, None)):
+            return NotAnEndpoint(self, name)
+        raise AttributeError(f"actor mesh of {self._class_name} has no endpoint or attribute {name!r}")
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop these actors after they drain the messages already sent; runs ``__cleanup__``."""
+        from monarch._src.actor.proc_mesh import stop_actors
+
+        self._stopped = True
+        return stop_actors(self._key, [a for _, a in self._destinations()])
+
+    @property
+    def initialized(self) -> Future[None]:
+        return Future._completed(None)
+
+    def __reduce__(self) -> Any:
+        return (ActorMesh, (self._class, self._mesh_name, self._key, self._addresses, self._mesh_shape))
+
+    def __repr__(self) -> str:
+        return f"ActorMesh(class={self._class_name}, shape={self._mesh_shape.extent}, name={self._mesh_name!r})"

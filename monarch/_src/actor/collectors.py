@@ -1,0 +1,127 @@
+"""Reply collectors behind the adverbs: each is a port handler resolving Futures.
+
+``call`` gathers one reply per rank into a ValueMesh and fails on the first exception;
+``call_one``/``choose`` take the first reply; ``stream`` resolves one future per reply, in
+arrival order. A collector is told when a process it waits on dies, so no caller hangs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from monarch._src.actor.future import Future
+from monarch._src.actor.port import PortHandler
+from monarch._src.mesh.shape import Shape
+from monarch._src.mesh.value_mesh import ValueMesh
+
+
+class OnceCollector(PortHandler):
+    """First reply wins (``call_one``, ``choose``)."""
+
+    def __init__(self) -> None:
+        self.future: Future[Any] = Future._new()
+        self.open()
+
+    def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
+        self.close()
+        self.stop_expecting()
+        if is_exception:
+            self.future._set_exception(value)
+        else:
+            self.future._set_result(value)
+
+    def fail(self, exc: BaseException) -> None:
+        self.close()
+        self.future._set_exception(exc)
+
+
+class GatherCollector(PortHandler):
+    """One reply per rank of ``shape``, assembled into a ValueMesh (``call``)."""
+
+    def __init__(self, shape: Shape, count: int) -> None:
+        self.future: Future[Any] = Future._new()
+        self._shape = shape
+        self._values: list[Any] = [None] * count
+        self._missing = count
+        self._lock = threading.Lock()
+        self.open()
+
+    def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
+        if is_exception:
+            self._finish()
+            self.future._set_exception(value)
+            return
+        with self._lock:
+            self._values[rank] = value  # type: ignore[index]
+            self._missing -= 1
+            complete = self._missing == 0
+        if complete:
+            self._finish()
+            self.future._set_result(ValueMesh(self._shape, self._values))
+
+    def fail(self, exc: BaseException) -> None:
+        self.close()
+        self.future._set_exception(exc)
+
+    def _finish(self) -> None:
+        self.close()
+        self.stop_expecting()
+
+
+class StreamCollector(PortHandler):
+    """``count`` futures resolved in the order replies arrive (``stream``)."""
+
+    def __init__(self, count: int) -> None:
+        self.futures: list[Future[Any]] = [Future._new() for _ in range(count)]
+        self._next = 0
+        self._lock = threading.Lock()
+        self.open()
+
+    def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
+        with self._lock:
+            if self._next >= len(self.futures):
+                return
+            fut = self.futures[self._next]
+            self._next += 1
+            last = self._next == len(self.futures)
+        if last:
+            self.close()
+            self.stop_expecting()
+        if is_exception:
+            fut._set_exception(value)
+        else:
+            fut._set_result(value)
+
+    def fail(self, exc: BaseException) -> None:
+        self.close()
+        with self._lock:
+            pending, self._next = self.futures[self._next :], len(self.futures)
+        for f in pending:
+            f._set_exception(exc)
+
+
+def fold_stream(futures: list[Future[Any]], identity: Any, combine: Callable[[Any, Any], Any]) -> Future[Any]:
+    """Left fold of a stream's futures, in arrival order, into one Future (``Accumulator``)."""
+    result: Future[Any] = Future._new()
+    state = {"i": 0, "acc": identity}
+
+    def advance(_: Any = None) -> None:
+        while state["i"] < len(futures):
+            f = futures[state["i"]]
+            if not f.done():
+                f._add_done_callback(advance)
+                return
+            if f._exc is not None:
+                result._set_exception(f._exc)
+                return
+            try:
+                state["acc"] = combine(state["acc"], f._value)
+            except Exception as e:
+                result._set_exception(e)
+                return
+            state["i"] += 1
+        result._set_result(state["acc"])
+
+    advance()
+    return result

@@ -1,0 +1,78 @@
+"""``context()``: which actor is running this code, and where the current message was sent."""
+
+from __future__ import annotations
+
+import contextvars
+from typing import TYPE_CHECKING, Any
+
+from monarch._src.mesh.extent import Extent
+from monarch._src.mesh.point import Point
+
+if TYPE_CHECKING:
+    from monarch._src.actor.instance import ActorInstance
+
+current_instance: contextvars.ContextVar["ActorInstance | None"] = contextvars.ContextVar(
+    "monarch_actor_instance", default=None
+)
+current_message_rank: contextvars.ContextVar[Point | None] = contextvars.ContextVar(
+    "monarch_message_rank", default=None
+)
+
+EMPTY_EXTENT = Extent([], [])
+SINGLETON_POINT = Point(0, EMPTY_EXTENT)
+
+_extents: dict[tuple, Extent] = {}
+
+
+def extent_of(labels: list[str], sizes: list[int]) -> Extent:
+    """Interned Extent for a message's wire form (messages repeat the same few extents)."""
+    key = (tuple(labels), tuple(sizes))
+    ext = _extents.get(key)
+    if ext is None:
+        if len(_extents) > 4096:
+            _extents.clear()
+        ext = _extents[key] = Extent(labels, sizes)
+    return ext
+
+
+class Context:
+    """What ``context()`` returns."""
+
+    __slots__ = ("_instance", "_message_rank")
+
+    def __init__(self, instance: "ActorInstance", message_rank: Point) -> None:
+        self._instance = instance
+        self._message_rank = message_rank
+
+    @property
+    def actor_instance(self) -> "ActorInstance":
+        return self._instance
+
+    @property
+    def message_rank(self) -> Point:
+        return self._message_rank
+
+
+def context() -> Context:
+    """The running actor's context; outside any actor, the client's root context."""
+    inst = current_instance.get()
+    if inst is None:
+        from monarch._src.actor.instance import root_instance
+
+        inst = root_instance()
+    rank = current_message_rank.get()
+    return Context(inst, rank if rank is not None else inst.rank)
+
+
+def current_rank() -> Point:
+    return context().message_rank
+
+
+def current_size() -> dict[str, int]:
+    return dict(context().message_rank.extent)
+
+
+def current_actor_name() -> str:
+    return str(context().actor_instance.actor_id)
+
+

@@ -1,0 +1,246 @@
+"""``@endpoint``, ``@concurrent_endpoint`` and the adverbs on a mesh's endpoint.
+
+The decorator only marks a method and records its options; ``ActorEndpoint`` is what
+``mesh.method`` returns on a spawned mesh, and turns ``call``/``call_one``/``choose``/``stream``/
+``broadcast`` into one message per destination process plus a reply collector.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Literal, TypeVar, overload
+
+from monarch._src.actor.collectors import GatherCollector, OnceCollector, StreamCollector
+from monarch._src.actor.future import Future
+from monarch._src.actor.port import Port, PortHandler
+from monarch._src.actor.proc import runtime
+from monarch._src.wire import payload
+
+if TYPE_CHECKING:
+    from monarch._src.actor.actor_mesh import ActorMesh
+
+R = TypeVar("R")
+Selection = Literal["all", "choose"]
+Propagator = Any
+
+MSG_KIND = 1
+
+
+class EndpointProperty(Generic[R]):
+    """Marks an actor method as an endpoint; holds its options."""
+
+    def __init__(
+        self,
+        method: Callable[..., Any],
+        propagate: Propagator = None,
+        explicit_response_port: bool = False,
+        instrument: bool = True,
+        concurrent: bool = False,
+    ) -> None:
+        self._method = method
+        self._propagator = propagate
+        self._explicit_response_port = explicit_response_port
+        self._instrument = instrument
+        self._concurrent = concurrent
+        self.is_async = inspect.iscoroutinefunction(method)
+        self._signature: inspect.Signature | None = None
+        self.__doc__ = method.__doc__
+        self.__name__ = getattr(method, "__name__", "endpoint")
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return self._method.__get__(obj, objtype)
+
+    def check_args(self, args: tuple, kwargs: dict) -> None:
+        """Raise TypeError at the call site if the arguments do not fit the method."""
+        sig = self._signature
+        if sig is None:
+            try:
+                sig = self._signature = inspect.signature(self._method)
+            except (TypeError, ValueError):
+                return
+        lead = (None, None) if self._explicit_response_port else (None,)
+        try:
+            sig.bind(*lead, *args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"wrong arguments for endpoint {self.__name__}{_public_signature(sig, self._explicit_response_port)}: {e}") from None
+
+
+def _public_signature(sig: inspect.Signature, explicit_port: bool) -> str:
+    params = list(sig.parameters.values())[2 if explicit_port else 1 :]
+    return str(sig.replace(parameters=params))
+
+
+@overload
+def endpoint(method: Callable[..., Any]) -> EndpointProperty[Any]: ...
+@overload
+def endpoint(
+    *, propagate: Propagator = None, explicit_response_port: bool = False, instrument: bool = True
+) -> Callable[[Callable[..., Any]], EndpointProperty[Any]]: ...
+
+
+def endpoint(
+    method: Callable[..., Any] | None = None,
+    *,
+    propagate: Propagator = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> Any:
+    """Mark an actor method as callable remotely through a mesh (``@endpoint`` or ``@endpoint(...)``)."""
+
+    def wrap(m: Callable[..., Any]) -> EndpointProperty[Any]:
+        if isinstance(m, EndpointProperty):
+            return m
+        return EndpointProperty(m, propagate, explicit_response_port, instrument)
+
+    return wrap(method) if method is not None else wrap
+
+
+def concurrent_endpoint(
+    method: Callable[..., Any] | None = None,
+    *,
+    propagate: Propagator = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> Any:
+    """An async endpoint whose invocations may overlap with the actor's other messages."""
+
+    def wrap(m: Callable[..., Any]) -> EndpointProperty[Any]:
+        if isinstance(m, EndpointProperty):
+            raise ValueError(
+                "concurrent_endpoint does not wrap @endpoint; pass endpoint options to @concurrent_endpoint"
+            )
+        if not inspect.iscoroutinefunction(m):
+            raise ValueError("concurrent_endpoint can only wrap async endpoints")
+        return EndpointProperty(m, propagate, explicit_response_port, instrument, concurrent=True)
+
+    return wrap(method) if method is not None else wrap
+
+
+class ActorEndpoint(Generic[R]):
+    """``mesh.method`` on a spawned mesh: the adverbs that send it."""
+
+    __slots__ = ("_mesh", "_name", "_prop")
+
+    def __init__(self, mesh: "ActorMesh[Any]", name: str, prop: EndpointProperty[R]) -> None:
+        self._mesh = mesh
+        self._name = name
+        self._prop = prop
+
+    def _send(
+        self,
+        args: tuple,
+        kwargs: dict,
+        port: Port[Any] | None = None,
+        selection: Selection = "all",
+        reply: PortHandler | None = None,
+    ) -> list[str]:
+        """Send one message per destination; return the destination addresses."""
+        self._prop.check_args(args, kwargs)
+        mesh = self._mesh
+        mesh._check_usable(self._name)
+        bodies = payload.dumps((args, kwargs))
+        rt = runtime()
+        dests = mesh._destinations()
+        if selection == "choose":
+            i = random.randrange(len(dests))
+            dests = [(i, dests[i])]
+            extent: list[Any] = [[], []]
+        else:
+            extent = mesh._extent_wire()
+        port_spec: list[Any] | None
+        if reply is not None:
+            port_spec = [rt.address, reply.port_id]
+        elif port is not None:
+            port_spec = [port._address, port._port_id]
+        else:
+            port_spec = None
+        key, name = mesh._key, self._name
+        sent = []
+        for rank, address in dests:
+            rt.send(address, {"k": MSG_KIND, "d": key, "e": name, "p": port_spec, "r": rank, "x": extent}, bodies)
+            sent.append(address)
+        return sent
+
+    def _once(self, args: tuple, kwargs: dict, selection: Selection) -> Future[R]:
+        collector = OnceCollector()
+        try:
+            collector.expect_from(self._send(args, kwargs, selection=selection, reply=collector))
+        except BaseException:
+            collector.close()
+            raise
+        return collector.future
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        n = len(self._mesh)
+        if n != 1:
+            raise ValueError(f"call_one requires exactly 1 actor, but mesh has {n}")
+        return self._once(args, kwargs, "all")
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        return self._once(args, kwargs, "choose")
+
+    def call(self, *args: Any, **kwargs: Any) -> "Future[Any]":
+        mesh = self._mesh
+        collector = GatherCollector(mesh._shape_renumbered(), len(mesh))
+        try:
+            collector.expect_from(self._send(args, kwargs, reply=collector))
+        except BaseException:
+            collector.close()
+            raise
+        return collector.future
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
+        collector = StreamCollector(len(self._mesh))
+        try:
+            collector.expect_from(self._send(args, kwargs, reply=collector))
+        except BaseException:
+            collector.close()
+            raise
+        return iter(collector.futures)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        self._send(args, kwargs)
+
+    def rref(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("rref needs the tensor engine, which monarch-aio does not provide")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"endpoint {self._name} of a mesh is not called directly.\n"
+            f"HINT: use an adverb: .{self._name}.call(...), .call_one(...), .choose(...), "
+            ".stream(...) or .broadcast(...)."
+        )
+
+    def __repr__(self) -> str:
+        return f"<endpoint {self._mesh._class_name}.{self._name} of {self._mesh!r}>"
+
+
+class NotAnEndpoint:
+    """What ``mesh.method`` returns for a method that lacks ``@endpoint``."""
+
+    def __init__(self, mesh: "ActorMesh[Any]", name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def _fail(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"Actor {self._mesh._class_name}.{self._name} is not annotated as an endpoint. To call "
+            f"it as one, add a @endpoint decorator to it, or directly wrap it in one "
+            f"as_endpoint(obj.method).call(...)"
+        )
+
+    call = call_one = choose = stream = broadcast = __call__ = _fail
+
+
+def as_endpoint(
+    not_an_endpoint: Any, *, propagate: Propagator = None, explicit_response_port: bool = False
+) -> ActorEndpoint[Any]:
+    """Turn a non-decorated method of a spawned mesh into an endpoint."""
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise ValueError("expected an method of a spawned actor")
+    mesh, name = not_an_endpoint._mesh, not_an_endpoint._name
+    method = getattr(mesh._class, name)
+    return ActorEndpoint(mesh, name, EndpointProperty(method, propagate, explicit_response_port))

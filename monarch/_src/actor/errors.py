@@ -1,0 +1,49 @@
+"""Errors a caller sees: ``ActorError`` (an endpoint raised) and ``SupervisionError``."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+REMOTE_TRACEBACK_HEADER = "Traceback of where the remote call failed (most recent call last):"
+
+
+def format_remote_exception(exc: BaseException) -> str:
+    """The traceback text of ``exc`` (with chained causes) as shown to the remote caller."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text.replace("Traceback (most recent call last):", REMOTE_TRACEBACK_HEADER)
+
+
+class ActorError(Exception):
+    """An endpoint raised; ``.exception`` is the original exception, the actor is still alive."""
+
+    def __init__(
+        self,
+        exception: BaseException,
+        message: str = "A remote actor call has failed.",
+        exception_formatted: str | None = None,
+    ) -> None:
+        self.exception = exception
+        self.message = message
+        self.exception_formatted = (
+            exception_formatted if exception_formatted is not None else format_remote_exception(exception)
+        )
+        super().__init__(f"{message}\n {self.exception_formatted}")
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_actor_error, (self.exception, self.message, self.exception_formatted))
+
+    def __str__(self) -> str:
+        return f"{self.message}\n {self.exception_formatted}"
+
+
+def _rebuild_actor_error(exception: BaseException, message: str, formatted: str) -> ActorError:
+    return ActorError(exception, message, formatted)
+
+
+class SupervisionError(RuntimeError):
+    """The actor (or its process) that a call depends on has failed or was stopped."""
+
+
+class RemoteExceptionPlaceholder(Exception):
+    """Stands in for an exception that could not be pickled on the remote side."""

@@ -1,0 +1,256 @@
+"""``Future``: a result that can be waited for from a thread (``get``) or awaited on any loop.
+
+Results are produced on the runtime's loop thread or on an actor's thread, so the future is
+thread-safe and resolves without touching any event loop; awaiting on a foreign loop (user
+code, Jupyter, a web service) bridges with ``call_soon_threadsafe``. The outcome is cached: a
+future can be awaited or ``get()``-ed any number of times, and a ``get`` timeout does not
+cancel the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import warnings
+from typing import Any, Callable, Generator, Generic, TypeVar
+
+R = TypeVar("R")
+
+_PENDING = 0
+_DONE = 1
+
+_loop_thread_ident: Callable[[], int | None] = lambda: None
+
+
+def set_loop_thread_probe(probe: Callable[[], int | None]) -> None:
+    """Let the runtime tell futures which thread must never block (its loop thread)."""
+    global _loop_thread_ident
+    _loop_thread_ident = probe
+
+
+_warned_in_loop = False
+_sync_actor_thread = threading.local()
+
+
+def mark_sync_actor_thread() -> None:
+    """Sync endpoints run on their own thread: blocking there is legal and silent."""
+    _sync_actor_thread.value = True
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0 or math.isnan(timeout) or math.isinf(timeout)):
+        raise ValueError(f"invalid timeout {timeout!r}: expected None or a finite number >= 0")
+
+
+class Future(Generic[R]):
+    """The result of a monarch operation. ``get()`` it from a thread, or ``await`` it."""
+
+    __slots__ = ("_state", "_value", "_exc", "_lock", "_waiters", "_callbacks", "__weakref__")
+
+    def __init__(self) -> None:
+        raise TypeError(
+            "Future objects are returned by Monarch operations and cannot be constructed directly."
+        )
+
+    @classmethod
+    def _new(cls) -> "Future[R]":
+        self = object.__new__(cls)
+        self._state = _PENDING
+        self._value = None
+        self._exc = None
+        self._lock = threading.Lock()
+        self._waiters = None
+        self._callbacks = None
+        return self
+
+    @classmethod
+    def _completed(cls, value: R) -> "Future[R]":
+        f: Future[R] = cls._new()
+        f._state, f._value = _DONE, value
+        return f
+
+    @classmethod
+    def _failed(cls, exc: BaseException) -> "Future[R]":
+        f: Future[R] = cls._new()
+        f._state, f._exc = _DONE, exc
+        return f
+
+    @classmethod
+    def _from_coro(cls, coro: Any) -> "Future[R]":
+        """Run ``coro`` on the runtime loop; the future resolves with its outcome."""
+        from monarch._src.actor.proc import runtime
+
+        f: Future[R] = cls._new()
+        rt = runtime()
+
+        def start() -> None:
+            task = rt.loop.create_task(coro)
+
+            def done(t: asyncio.Task[Any]) -> None:
+                if t.cancelled():
+                    f._set_exception(asyncio.CancelledError())
+                elif t.exception() is not None:
+                    f._set_exception(t.exception())  # type: ignore[arg-type]
+                else:
+                    f._set_result(t.result())
+
+            task.add_done_callback(done)
+
+        rt.loop_thread.call_soon(start)
+        return f
+
+    # -- completion (any thread) ----------------------------------------------------------------
+
+    def _set_result(self, value: Any) -> bool:
+        return self._finish(value, None)
+
+    def _set_exception(self, exc: BaseException) -> bool:
+        return self._finish(None, exc)
+
+    def _finish(self, value: Any, exc: BaseException | None) -> bool:
+        with self._lock:
+            if self._state == _DONE:
+                return False
+            self._value, self._exc, self._state = value, exc, _DONE
+            waiters, self._waiters = self._waiters, None
+            callbacks, self._callbacks = self._callbacks, None
+        if waiters:
+            for w in waiters:
+                w.release()
+        if callbacks:
+            for cb in callbacks:
+                cb(self)
+        return True
+
+    def _add_done_callback(self, cb: Callable[["Future[R]"], None]) -> None:
+        """Call ``cb(self)`` once done, on whichever thread completes it (now if done)."""
+        with self._lock:
+            if self._state != _DONE:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(cb)
+                return
+        cb(self)
+
+    def done(self) -> bool:
+        return self._state == _DONE
+
+    def _outcome(self) -> R:
+        if self._exc is not None:
+            raise self._exc
+        return self._value  # type: ignore[return-value]
+
+    # -- blocking -------------------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> R:
+        """Block until the result is ready; ``TimeoutError`` after ``timeout`` seconds.
+
+        The timeout does not cancel the operation: a later ``get``/``await`` sees its outcome.
+        """
+        _check_timeout(timeout)
+        if self._state == _DONE:
+            return self._outcome()
+        ident = threading.get_ident()
+        if ident == _loop_thread_ident():
+            raise RuntimeError(
+                "Future.get() was called on the monarch runtime's event loop thread, where "
+                "blocking would deadlock (e.g. inside an async endpoint).\n"
+                "HINT: use `await fut` instead of `fut.get()` in async code."
+            )
+        self._warn_if_in_loop()
+        with self._lock:
+            if self._state != _DONE:
+                waiter = threading.Lock()
+                waiter.acquire()
+                if self._waiters is None:
+                    self._waiters = []
+                self._waiters.append(waiter)
+            else:
+                waiter = None
+        if waiter is not None:
+            ok = waiter.acquire(True, -1 if timeout is None else timeout)
+            if not ok:
+                with self._lock:
+                    if self._waiters and waiter in self._waiters:
+                        self._waiters.remove(waiter)
+                if self._state != _DONE:
+                    raise TimeoutError(f"monarch Future not ready after {timeout} s")
+        return self._outcome()
+
+    def _warn_if_in_loop(self) -> None:
+        global _warned_in_loop
+        if _warned_in_loop or getattr(_sync_actor_thread, "value", False):
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        _warned_in_loop = True
+        warnings.warn(
+            "Future.get() was called from within an active event loop. This blocks the loop; "
+            "use `await` instead.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def result(self, timeout: float | None = None) -> R:
+        return self.get(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            self.get(timeout)
+        except TimeoutError:
+            if self._state != _DONE:
+                raise
+        except BaseException:
+            pass
+        return self._exc
+
+    # -- awaiting -------------------------------------------------------------------------------
+
+    def as_asyncio(self) -> "asyncio.Future[R]":
+        """A fresh asyncio future on the running loop that mirrors this one (non-consuming)."""
+        loop = asyncio.get_running_loop()
+        afut: asyncio.Future[R] = loop.create_future()
+        if self._state == _DONE:
+            _copy_outcome(self, afut)
+            return afut
+        loop_ident = threading.get_ident()
+
+        def on_done(f: "Future[R]") -> None:
+            if threading.get_ident() == loop_ident:
+                _copy_outcome(f, afut)
+            else:
+                try:
+                    loop.call_soon_threadsafe(_copy_outcome, f, afut)
+                except RuntimeError:  # the awaiting loop has closed
+                    pass
+
+        self._add_done_callback(on_done)
+        return afut
+
+    def __await__(self) -> Generator[Any, None, R]:
+        if self._state == _DONE:
+            return self._outcome()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise ValueError("__await__ with no active event loop (either asyncio or tokio)") from None
+        return (yield from self.as_asyncio().__await__())
+
+    def __repr__(self) -> str:
+        if self._state != _DONE:
+            return "<monarch.actor.Future pending>"
+        if self._exc is not None:
+            return f"<monarch.actor.Future exception={self._exc!r}>"
+        return f"<monarch.actor.Future result={self._value!r}>"
+
+
+def _copy_outcome(f: Future[Any], afut: "asyncio.Future[Any]") -> None:
+    if afut.done():
+        return
+    if f._exc is not None:
+        afut.set_exception(f._exc)
+    else:
+        afut.set_result(f._value)

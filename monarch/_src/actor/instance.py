@@ -1,0 +1,423 @@
+"""A live actor in this process: its mailbox, where its handlers run, and what a failure does.
+
+One serial mailbox per actor (Monarch 0.7): a message is handled only after the previous one
+returned. Actors whose endpoints are ``async def`` run as a task on the runtime loop; actors
+with plain ``def`` endpoints get a thread of their own, so a blocking ``Future.get()`` inside
+them is legal. That thread is a daemon thread, and so are the threads an actor starts from it,
+so a helper thread started in ``__init__`` never keeps the client process alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import os
+import queue
+import sys
+import threading
+from typing import Any, Callable
+
+from monarch._src.actor import proc as this_proc_state
+from monarch._src.actor.actor import endpoint_table, is_async_actor
+from monarch._src.actor.context import (
+    SINGLETON_POINT,
+    current_instance,
+    current_message_rank,
+    extent_of,
+)
+from monarch._src.actor.endpoint import EndpointProperty
+from monarch._src.actor.errors import ActorError, RemoteExceptionPlaceholder, SupervisionError, format_remote_exception
+from monarch._src.actor.future import mark_sync_actor_thread
+from monarch._src.actor.port import DROPPING_PORT, Port
+from monarch._src.actor.proc import runtime
+from monarch._src.mesh.extent import Extent
+from monarch._src.mesh.point import Point
+from monarch._src.wire import payload
+
+logger = logging.getLogger("monarch.actor")
+
+_INIT, _MESSAGE, _STOP = 0, 1, 2
+
+
+class CreatorInstance:
+    """A picklable description of the actor that spawned another one."""
+
+    __slots__ = ("name", "actor_id", "description")
+
+    def __init__(self, name: str, actor_id: str, description: str) -> None:
+        self.name = name
+        self.actor_id = actor_id
+        self.description = description
+
+    def __reduce__(self) -> Any:
+        return (CreatorInstance, (self.name, self.actor_id, self.description))
+
+    def __str__(self) -> str:
+        return self.description
+
+    __repr__ = __str__
+
+
+class ActorInstance:
+    """The running actor (``context().actor_instance``), with its mailbox."""
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        name: str,
+        cls: type | None,
+        rank: Point,
+        proc_addresses: tuple[str, ...],
+        creator: CreatorInstance | None,
+    ) -> None:
+        self.key = key
+        self.name = name
+        self._cls = cls
+        self.rank = rank
+        self._proc_addresses = proc_addresses
+        self.creator = creator
+        self.actor: Any = None
+        self.failure: str | None = None
+        self.stopped = False
+        self.is_async = cls is not None and is_async_actor(cls)
+        self._endpoints: dict[str, EndpointProperty[Any]] = endpoint_table(cls) if cls is not None else {}
+        self._queue: queue.SimpleQueue[Any] | None = None
+        self._deque: collections.deque[Any] = collections.deque()
+        self._wakeup: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def class_name(self) -> str:
+        cls = self._cls
+        return "<root>" if cls is None else f"{cls.__module__}.{cls.__qualname__}"
+
+    @property
+    def actor_id(self) -> str:
+        return f"{runtime().address}/{self.key}[{self.rank.rank}]"
+
+    @property
+    def proc_id(self) -> str:
+        return runtime().address
+
+    @property
+    def proc_mesh(self) -> Any:
+        from monarch._src.actor.proc_mesh import ProcMesh
+
+        return ProcMesh._reference(self._proc_addresses, Extent(self.rank.extent.labels, self.rank.extent.sizes))
+
+    @property
+    def proc(self) -> Any:
+        return self.proc_mesh.slice(**dict(self.rank))
+
+    def __str__(self) -> str:
+        if self._cls is None:
+            return "<root>"
+        parent = self.creator.description if self.creator is not None else "<root>"
+        return f"{parent}.<{self.class_name} {self.name}{self.rank!r}>"
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def as_creator(self) -> CreatorInstance:
+        return CreatorInstance("root" if self._cls is None else self.name, self.actor_id, str(self))
+
+    # -- mailbox ----------------------------------------------------------------------------
+
+    def start(self, init: tuple) -> None:
+        """Begin processing; ``__init__`` runs before any queued endpoint message."""
+        if self.is_async:
+            rt = runtime()
+            self._deque.append((_INIT, None, init))
+            rt.loop_thread.call_soon(self._start_task)
+        else:
+            self._queue = queue.SimpleQueue()
+            self._queue.put((_INIT, None, init))
+            threading.Thread(target=self._thread_main, name=f"monarch-actor-{self.name}", daemon=True).start()
+
+    def put(self, item: tuple) -> None:
+        q = self._queue
+        if q is not None:
+            q.put(item)
+            return
+        rt = runtime()
+        if rt.on_loop_thread():
+            self._put_on_loop(item)
+        else:
+            rt.loop.call_soon_threadsafe(self._put_on_loop, item)
+
+    def _put_on_loop(self, item: tuple) -> None:
+        self._deque.append(item)
+        w = self._wakeup
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # -- runners ----------------------------------------------------------------------------
+
+    def _thread_main(self) -> None:
+        mark_sync_actor_thread()
+        current_instance.set(self)
+        q = self._queue
+        assert q is not None
+        while True:
+            kind, header, bodies = q.get()
+            if kind == _MESSAGE:
+                self._handle_sync(header, bodies)
+            elif kind == _INIT:
+                self._construct(bodies)
+            else:
+                self._stop_sync(header)
+                return
+
+    def _start_task(self) -> None:
+        loop = runtime().loop
+        loop.create_task(self._task_main(), name=f"monarch-actor-{self.name}")
+
+    async def _task_main(self) -> None:
+        current_instance.set(self)
+        loop = asyncio.get_running_loop()
+        dq = self._deque
+        while True:
+            while not dq:
+                self._wakeup = loop.create_future()
+                await self._wakeup
+            kind, header, bodies = dq.popleft()
+            if kind == _MESSAGE:
+                await self._handle_async(header, bodies)
+            elif kind == _INIT:
+                self._construct(bodies)
+            else:
+                await self._stop_async(header)
+                return
+
+    # -- handling ---------------------------------------------------------------------------
+
+    def _construct(self, init: tuple) -> None:
+        current_message_rank.set(self.rank)
+        cls, args, kwargs = init
+        try:
+            if cls is None:
+                raise args  # the spawn message could not be unpickled here
+            obj = cls.__new__(cls)
+            obj.__init__(*args, **kwargs)
+            self.actor = obj
+        except BaseException as e:  # noqa: B036 - any failure in __init__ fails the actor
+            self._fail(e, "__init__")
+
+    def _begin(self, header: dict, bodies: list) -> tuple[Callable[..., Any] | None, Any, Any, Port[Any] | None, bool]:
+        """Decode a message; returns (function, args, kwargs, reply port, explicit_port)."""
+        labels, sizes = header["x"]
+        r = header["r"]
+        current_message_rank.set(Point(r, extent_of(labels, sizes)) if labels else SINGLETON_POINT)
+        spec = header.get("p")
+        reply = Port(spec[0], spec[1], r) if spec else None
+        name = header["e"]
+        if self.failure is not None or self.actor is None:
+            if reply is not None:
+                reply.exception(self._unavailable_error(name))
+            return None, None, None, None, False
+        prop = self._endpoints.get(name)
+        try:
+            args, kwargs = payload.loads(bodies)
+            if prop is not None:
+                fn, explicit = prop._method, prop._explicit_response_port
+            else:
+                fn, explicit = getattr(type(self.actor), name), False
+        except Exception as e:
+            if reply is not None:
+                self._reply_error(reply, name, e)
+            return None, None, None, None, False
+        if explicit:
+            args = (reply if reply is not None else DROPPING_PORT, *args)
+        return fn, args, kwargs, reply, explicit
+
+    def _handle_sync(self, header: dict, bodies: list) -> None:
+        fn, args, kwargs, reply, explicit = self._begin(header, bodies)
+        if fn is None:
+            return
+        try:
+            result = fn(self.actor, *args, **kwargs)
+            if inspect.isawaitable(result):
+                result = asyncio.run_coroutine_threadsafe(_await(result), runtime().loop).result()
+        except Exception as e:
+            self._endpoint_raised(header["e"], e, reply, explicit)
+        except BaseException as e:
+            self._fail(e, f"endpoint {header['e']}")
+        else:
+            self._reply(reply, explicit, header["e"], result)
+
+    async def _handle_async(self, header: dict, bodies: list) -> None:
+        fn, args, kwargs, reply, explicit = self._begin(header, bodies)
+        if fn is None:
+            return
+        prop = self._endpoints.get(header["e"])
+        if prop is not None and prop._concurrent:
+            task = asyncio.get_running_loop().create_task(self._run_async(fn, args, kwargs, reply, explicit, header["e"]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            await asyncio.sleep(0)  # start-order guarantee: it runs until its first await
+            return
+        await self._run_async(fn, args, kwargs, reply, explicit, header["e"])
+
+    async def _run_async(self, fn: Callable[..., Any], args: Any, kwargs: Any, reply: Port[Any] | None, explicit: bool, name: str) -> None:
+        try:
+            result = fn(self.actor, *args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as e:
+            self._endpoint_raised(name, e, reply, explicit)
+        except asyncio.CancelledError:
+            if reply is not None and not explicit:
+                reply.exception(SupervisionError(f"Endpoint call {self.name}.{name}() was cancelled: the actor stopped"))
+            raise
+        except BaseException as e:
+            self._fail(e, f"endpoint {name}")
+        else:
+            self._reply(reply, explicit, name, result)
+
+    def _reply(self, reply: Port[Any] | None, explicit: bool, name: str, result: Any) -> None:
+        if reply is None or explicit:
+            return
+        try:
+            reply.send(result)
+        except Exception as e:  # the result could not be pickled or sent
+            self._reply_error(reply, name, e)
+
+    def _endpoint_raised(self, name: str, e: Exception, reply: Port[Any] | None, explicit: bool) -> None:
+        if reply is not None and not explicit:
+            self._reply_error(reply, name, e)
+        else:
+            # Nobody is waiting for this result (broadcast, or an explicit-port endpoint):
+            # the failure must go to the supervision tree instead of vanishing.
+            self._fail(e, f"endpoint {name}")
+
+    def _reply_error(self, reply: Port[Any], name: str, e: BaseException) -> None:
+        message = f"Actor call {self.name}.{name} failed."
+        err = ActorError(e, message)
+        try:
+            reply.exception(err)
+        except Exception:
+            reply.exception(ActorError(RemoteExceptionPlaceholder(f"{type(e).__name__}: {e}"), message, err.exception_formatted))
+
+    def _unavailable_error(self, endpoint: str) -> SupervisionError:
+        if self.failure is not None:
+            return SupervisionError(f"Endpoint call {self.name}.{endpoint}() failed, {self.failure}")
+        return SupervisionError(f"Endpoint call {self.name}.{endpoint}() failed, the actor has been stopped")
+
+    def _fail(self, e: BaseException, during: str) -> None:
+        from monarch._src.actor.supervision import report_actor_failure
+
+        detail = format_remote_exception(e)
+        self.failure = f"The actor {self} and all its descendants have failed: {during} raised:\n{detail}"
+        report_actor_failure(self, self.failure)
+
+    # -- stopping ---------------------------------------------------------------------------
+
+    def _stop_sync(self, header: dict | None) -> None:
+        cleanup = getattr(self.actor, "__cleanup__", None)
+        if cleanup is not None:
+            try:
+                cleanup(None)
+            except Exception as e:
+                self._fail(e, "__cleanup__")
+        self._stopped(header)
+
+    async def _stop_async(self, header: dict | None) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        cleanup = getattr(self.actor, "__cleanup__", None)
+        if cleanup is not None:
+            try:
+                await cleanup(None)
+            except Exception as e:
+                self._fail(e, "__cleanup__")
+        self._stopped(header)
+
+    def _stopped(self, header: dict | None) -> None:
+        self.stopped = True
+        this_proc_state.unregister_actor(self.key)
+        spec = header.get("p") if header else None
+        if spec:
+            Port(spec[0], spec[1], header.get("r")).send(None)  # type: ignore[union-attr]
+
+
+async def _await(aw: Any) -> Any:
+    return await aw
+
+
+# -- frame handlers (registered on the runtime by ``proc``) --------------------------------------
+
+
+def handle_spawn(header: dict, bodies: list) -> None:
+    """Create the actor's mailbox now, so messages that follow the spawn find it."""
+    labels, sizes = header["x"]
+    creator = header.get("c")
+    try:
+        cls, args, kwargs = payload.loads(bodies)
+        init: tuple = (cls, args, kwargs)
+    except Exception as e:
+        cls, init = None, (None, e, None)
+    inst = ActorInstance(
+        key=header["d"],
+        name=header["n"],
+        cls=cls,
+        rank=Point(header["r"], extent_of(labels, sizes)),
+        proc_addresses=tuple(header["a"]),
+        creator=CreatorInstance(*creator) if creator else None,
+    )
+    this_proc_state.register_actor(inst)
+    if header.get("boot"):
+        inst.start(init)  # the bootstrap actor is what the readiness gate waits for
+    else:
+        this_proc_state.when_proc_ready(lambda: inst.start(init))
+
+
+def handle_message(header: dict, bodies: list) -> None:
+    inst = this_proc_state.lookup(header["d"])
+    if inst is None:
+        spec = header.get("p")
+        if spec:
+            Port(spec[0], spec[1], header.get("r")).exception(
+                SupervisionError(
+                    f"Endpoint call {header['e']}() failed, no actor {header['d']} in process {os.getpid()} "
+                    "(it was stopped, or never spawned here)"
+                )
+            )
+        return
+    inst.put((_MESSAGE, header, bodies))
+
+
+def handle_stop_actor(header: dict, bodies: list) -> None:
+    inst = this_proc_state.lookup(header["d"])
+    if inst is None:
+        spec = header.get("p")
+        if spec:
+            Port(spec[0], spec[1], header.get("r")).send(None)
+        return
+    inst.put((_STOP, header, bodies))
+
+
+_root: ActorInstance | None = None
+_root_lock = threading.Lock()
+
+
+def root_instance() -> ActorInstance:
+    """The client's root actor: the context of code running outside any actor."""
+    global _root
+    if _root is None:
+        with _root_lock:
+            if _root is None:
+                rt = runtime()
+                _root = ActorInstance(
+                    key="root", name="root", cls=None, rank=SINGLETON_POINT,
+                    proc_addresses=(rt.address,), creator=None,
+                )
+    return _root
+
+

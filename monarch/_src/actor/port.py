@@ -1,0 +1,198 @@
+"""Ports: the one primitive every reply travels on.
+
+A ``Port`` names a receiver in some process (address + port id, plus the rank of the sender
+for replies to a mesh call); it pickles as that name, so it can be passed to any actor, which
+then sends straight to the receiver's process. On the receiving side a port id maps to a
+``PortHandler``: a ``PortReceiver`` queue for user channels, or a collector behind
+``call``/``call_one``/``choose``/``stream``. Handlers run on whichever thread delivers the
+message and are therefore thread-safe.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import weakref
+from typing import Any, Generic, Iterable, TypeVar
+
+from monarch._src.actor.errors import SupervisionError
+from monarch._src.actor.future import Future
+from monarch._src.actor.proc import runtime
+from monarch._src.wire import payload
+
+R = TypeVar("R")
+
+PORT_KIND = 3
+#: Header flag: the payload is an exception for the receiver to raise.
+FLAG_EXCEPTION = 1
+
+_port_ids = itertools.count(1)
+#: port id -> handler. Plain dict: single operations are atomic under the GIL.
+_handlers: dict[int, "PortHandler"] = {}
+#: destination address -> handlers waiting on a reply from it, failed if that process dies.
+_waiting_on: dict[str, set["PortHandler"]] = collections.defaultdict(set)
+_waiting_lock = threading.Lock()
+
+
+class PortHandler:
+    """Receives the messages sent to one port id."""
+
+    port_id: int = 0
+
+    def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
+        raise NotImplementedError
+
+    def fail(self, exc: BaseException) -> None:
+        """The process a reply was expected from is gone."""
+
+    def open(self) -> int:
+        self.port_id = next(_port_ids)
+        _handlers[self.port_id] = self
+        return self.port_id
+
+    def close(self) -> None:
+        _handlers.pop(self.port_id, None)
+
+    def expect_from(self, addresses: Iterable[str]) -> None:
+        self._addresses = set(addresses)
+        with _waiting_lock:
+            for a in self._addresses:
+                _waiting_on[a].add(self)
+
+    def stop_expecting(self) -> None:
+        addresses = getattr(self, "_addresses", ())
+        with _waiting_lock:
+            for a in addresses:
+                s = _waiting_on.get(a)
+                if s is not None:
+                    s.discard(self)
+                    if not s:
+                        del _waiting_on[a]
+
+
+def fail_waiting_on(address: str, exc_factory: Any) -> None:
+    """Fail every pending reply expected from the process at ``address``."""
+    with _waiting_lock:
+        handlers = list(_waiting_on.pop(address, ()))
+    for h in handlers:
+        h.fail(exc_factory(h))
+
+
+def handle_port_frame(header: dict, bodies: list) -> None:
+    handler = _handlers.get(header["p"])
+    if handler is None:
+        return  # receiver gone (e.g. a `choose` reply after completion): nothing to do
+    try:
+        value = payload.loads(bodies)
+    except Exception as e:
+        value, is_exc = e, True
+    else:
+        is_exc = bool(header.get("f", 0) & FLAG_EXCEPTION)
+    handler.deliver(header.get("r"), value, is_exc)
+
+
+class Port(Generic[R]):
+    """The sending end of a channel; picklable, so it can be handed to any actor."""
+
+    __slots__ = ("_address", "_port_id", "_rank", "_once")
+
+    def __init__(self, address: str, port_id: int, rank: int | None = None, once: bool = False) -> None:
+        self._address = address
+        self._port_id = port_id
+        self._rank = rank
+        self._once = once
+
+    def send(self, obj: R) -> None:
+        """Send ``obj`` to the receiver (fire-and-forget, in order)."""
+        self._post(obj, 0)
+
+    def exception(self, exc: BaseException) -> None:
+        """Make the receiver's ``recv()`` raise ``exc``."""
+        self._post(exc, FLAG_EXCEPTION)
+
+    def _post(self, obj: Any, flags: int) -> None:
+        if self._port_id == 0:
+            return  # a dropping port (no reply expected)
+        header: dict[str, Any] = {"k": PORT_KIND, "p": self._port_id}
+        if self._rank is not None:
+            header["r"] = self._rank
+        if flags:
+            header["f"] = flags
+        runtime().send(self._address, header, payload.dumps(obj))
+
+    def _with_rank(self, rank: int) -> "Port[R]":
+        return Port(self._address, self._port_id, rank, self._once)
+
+    def __reduce__(self) -> Any:
+        return (Port, (self._address, self._port_id, self._rank, self._once))
+
+    def __repr__(self) -> str:
+        return f"Port({self._address}#{self._port_id})"
+
+
+DROPPING_PORT: Port[Any] = Port("", 0)
+
+
+class PortReceiver(PortHandler, Generic[R]):
+    """The receiving end of a channel: ``recv()`` returns a Future of the next message."""
+
+    def __init__(self, ranked: bool = False) -> None:
+        self._lock = threading.Lock()
+        self._values: collections.deque[tuple[int | None, Any, bool]] = collections.deque()
+        self._waiters: collections.deque[Future[Any]] = collections.deque()
+        self._ranked = ranked
+        self._failure: BaseException | None = None
+        self.open()
+        weakref.finalize(self, _handlers.pop, self.port_id, None)
+
+    def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
+        with self._lock:
+            if not self._waiters:
+                self._values.append((rank, value, is_exception))
+                return
+            fut = self._waiters.popleft()
+        self._resolve(fut, rank, value, is_exception)
+
+    def fail(self, exc: BaseException) -> None:
+        self._failure = exc
+
+    def _resolve(self, fut: Future[Any], rank: int | None, value: Any, is_exception: bool) -> None:
+        if is_exception:
+            fut._set_exception(value)
+        elif self._ranked:
+            fut._set_result((rank, value))
+        else:
+            fut._set_result(value)
+
+    def recv(self) -> Future[R]:
+        fut: Future[R] = Future._new()
+        with self._lock:
+            if not self._values:
+                self._waiters.append(fut)
+                return fut
+            rank, value, is_exc = self._values.popleft()
+        self._resolve(fut, rank, value, is_exc)
+        return fut
+
+    def ranked(self) -> "PortReceiver[tuple[int, R]]":
+        self._ranked = True
+        return self  # type: ignore[return-value]
+
+
+class Channel(Generic[R]):
+    """Factory for a (Port, PortReceiver) pair owned by the current process."""
+
+    @staticmethod
+    def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
+        receiver: PortReceiver[R] = PortReceiver()
+        return Port(runtime().address, receiver.port_id, None, once), receiver
+
+    @staticmethod
+    def open_ranked(once: bool = False) -> tuple[Port[R], PortReceiver[tuple[int, R]]]:
+        receiver: PortReceiver[Any] = PortReceiver(ranked=True)
+        return Port(runtime().address, receiver.port_id, None, once), receiver
+
+
+def supervision_error_for(endpoint: str, address: str, reason: str) -> SupervisionError:
+    return SupervisionError(f"Endpoint call {endpoint}() failed, the process {address} {reason}")

@@ -1,0 +1,247 @@
+"""``ProcMesh``: a mesh of processes that actors are spawned on; ``this_proc``; controllers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from typing import Any, Callable, Protocol, TypeVar
+
+from monarch._src.actor.actor import Actor, validate_actor_class
+from monarch._src.actor.actor_mesh import ActorMesh
+from monarch._src.actor.collectors import GatherCollector
+from monarch._src.actor.context import context
+from monarch._src.actor.endpoint import endpoint
+from monarch._src.actor.future import Future
+from monarch._src.actor.proc import SPAWN_KIND, STOP_ACTOR_KIND, runtime, set_proc_ready
+from monarch._src.mesh.extent import Extent
+from monarch._src.mesh.mesh_trait import MeshTrait
+from monarch._src.mesh.shape import Shape
+from monarch._src.wire import payload
+
+T = TypeVar("T")
+
+ROOT_ADDRESS_ENV = "MONARCH_ROOT_ADDRESS"
+
+#: Set by the host layer: builds the HostMesh of the machine this process runs on.
+local_host_mesh_factory: Callable[[], Any] | None = None
+
+
+class ProcOwner(Protocol):
+    """What owns the OS processes of a ProcMesh (the host layer's process group)."""
+
+    def stop(self, reason: str) -> Future[None]: ...
+
+    @property
+    def stopped(self) -> bool: ...
+
+
+def _wait_for_replies(addresses: list[str], send: Callable[[list[Any], int], None]) -> Future[None]:
+    """Send one request per address with a reply port; resolve when all have answered."""
+    if not addresses:
+        return Future._completed(None)
+    collector = GatherCollector(Shape.from_extent(Extent(["ranks"], [len(addresses)])), len(addresses))
+    result: Future[None] = Future._new()
+    collector.future._add_done_callback(
+        lambda f: result._set_exception(f._exc) if f._exc is not None else result._set_result(None)
+    )
+    collector.expect_from(addresses)
+    spec = [runtime().address, collector.port_id]
+    for i, _ in enumerate(addresses):
+        send(spec, i)
+    return result
+
+
+def stop_actors(key: str, addresses: list[str]) -> Future[None]:
+    rt = runtime()
+    return _wait_for_replies(
+        addresses,
+        lambda spec, i: rt.send(addresses[i], {"k": STOP_ACTOR_KIND, "d": key, "p": spec, "r": i}, []),
+    )
+
+
+class ProcMesh(MeshTrait):
+    """Processes laid out on named dimensions; ``spawn`` puts one actor on each."""
+
+    def __init__(
+        self,
+        addresses: tuple[str, ...],
+        shape: Shape,
+        owner: ProcOwner | None = None,
+        host_mesh: Any = None,
+        initialized: Future[Any] | None = None,
+    ) -> None:
+        self._addresses = addresses
+        self._mesh_shape = shape
+        self._owner = owner
+        self._host_mesh = host_mesh
+        self._initialized = initialized
+
+    @classmethod
+    def _reference(cls, addresses: tuple[str, ...], extent: Extent) -> "ProcMesh":
+        return cls(addresses, Shape.from_extent(extent))
+
+    @property
+    def _shape(self) -> Shape:
+        return self._mesh_shape
+
+    def _new_with_shape(self, shape: Shape) -> "ProcMesh":
+        return ProcMesh(self._addresses, shape, self._owner, self._host_mesh, self._initialized)
+
+    def _proc_addresses(self) -> list[str]:
+        addrs = self._addresses
+        return [addrs[base] for base in self._mesh_shape.ranks()]
+
+    def spawn(self, name: str, Class: type[T], *args: Any, **kwargs: Any) -> T:
+        """Spawn one ``Class`` actor per process; returns at once (``__init__`` runs remotely,
+        before any message sent to the new mesh)."""
+        validate_actor_class(Class, args, kwargs)
+        if self._owner is not None and self._owner.stopped:
+            raise RuntimeError("`ProcMesh` has already been stopped")
+        return self._spawn_nocheck(name, Class, args, kwargs)  # type: ignore[return-value]
+
+    def _spawn_nocheck(self, name: str, Class: type, args: tuple, kwargs: dict, extra: dict | None = None) -> ActorMesh[Any]:
+        key = f"{name}-{uuid.uuid4().hex[:12]}"
+        addrs = tuple(self._proc_addresses())
+        ext = self._mesh_shape.extent
+        wire_extent = [ext.labels, ext.sizes]
+        creator = context().actor_instance.as_creator()
+        creator_wire = [creator.name, creator.actor_id, creator.description]
+        bodies = payload.dumps((Class, args, kwargs))
+        rt = runtime()
+        for i, address in enumerate(addrs):
+            header = {"k": SPAWN_KIND, "d": key, "n": name, "r": i, "x": wire_extent, "a": addrs, "c": creator_wire}
+            if extra:
+                header.update(extra)
+            rt.send(address, header, bodies)
+        return ActorMesh(Class, name, key, addrs, Shape.from_extent(ext))
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop every process of this mesh (their actors run ``__cleanup__`` first)."""
+        if self._owner is None:
+            if self._addresses == (runtime().address,):
+                raise RuntimeError("cannot stop the client's own process; use shutdown_context()")
+            raise RuntimeError("cannot stop a `ProcMesh` that is a reference instead of owned")
+        return self._owner.stop(reason)
+
+    @property
+    def initialized(self) -> Future[Any]:
+        return self._initialized if self._initialized is not None else Future._completed(True)
+
+    @property
+    def host_mesh(self) -> Any:
+        if len(self) != 1:
+            raise NotImplementedError("host_mesh is only available on a single-process ProcMesh")
+        if self._host_mesh is not None:
+            return self._host_mesh
+        if local_host_mesh_factory is None:
+            raise RuntimeError("no host layer is loaded (import monarch.actor)")
+        return local_host_mesh_factory()
+
+    async def logging_option(
+        self, stream_to_client: bool = False, aggregate_window_sec: int | None = None, level: int = 20
+    ) -> None:
+        """Configure forwarding of this mesh's output to the client (see ``monarch.actor``)."""
+        if not isinstance(level, int) or not 0 <= level <= 255:
+            raise ValueError(f"Invalid logging level: {level}")
+        if aggregate_window_sec is not None and (not isinstance(aggregate_window_sec, (int, float)) or aggregate_window_sec < 0):
+            raise ValueError(f"Invalid aggregate_window_sec: {aggregate_window_sec!r}")
+
+    def activate(self) -> Any:
+        raise NotImplementedError("the tensor engine (activate) is not part of monarch-aio")
+
+    async def __aenter__(self) -> "ProcMesh":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    def __reduce__(self) -> Any:
+        return (ProcMesh, (self._addresses, self._mesh_shape))
+
+    def __repr__(self) -> str:
+        return f"ProcMesh({self._mesh_shape.extent})"
+
+
+# -- spawn-time bootstrap ---------------------------------------------------------------------
+
+
+class _SetupActor(Actor):
+    """Runs a ProcMesh's ``bootstrap`` function before any user actor starts on the process."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._error: BaseException | None = None
+        try:
+            result = fn()
+            if asyncio.iscoroutine(result):
+                asyncio.run(result)
+        except Exception as e:
+            self._error = e
+        finally:
+            set_proc_ready(True)
+
+    @endpoint
+    def result(self) -> bool:
+        if self._error is not None:
+            raise self._error
+        return True
+
+
+def run_bootstrap(mesh: ProcMesh, fn: Callable[[], Any]) -> Future[Any]:
+    """Spawn the setup actor (exempt from the readiness gate); its reply is ``initialized``."""
+    setup = mesh._spawn_nocheck("setup", _SetupActor, (fn,), {}, extra={"boot": 1})
+    return setup.result.call()
+
+
+# -- this_proc and controllers ------------------------------------------------------------------
+
+
+def this_proc() -> ProcMesh:
+    """The single process the calling actor (or the client) runs in."""
+    return context().actor_instance.proc
+
+
+def root_address() -> str:
+    return os.environ.get(ROOT_ADDRESS_ENV) or runtime().address
+
+
+class _ControllerRegistry(Actor):
+    """Lives in the client: one instance of each named controller, whoever asks first."""
+
+    def __init__(self) -> None:
+        self._controllers: dict[str, Any] = {}
+
+    @endpoint
+    async def get_or_spawn(self, name: str, cls: type, args: tuple, kwargs: dict) -> Any:
+        mesh = self._controllers.get(name)
+        if mesh is None:
+            mesh = self._controllers[name] = this_proc().spawn(name, cls, *args, **kwargs)
+        return mesh
+
+
+_REGISTRY_KEY = "__monarch_controllers__"
+_registry_lock = threading.Lock()
+_registry_started = False
+
+
+def _registry() -> ActorMesh[_ControllerRegistry]:
+    global _registry_started
+    address = root_address()
+    if address == runtime().address and not _registry_started:
+        with _registry_lock:
+            if not _registry_started:
+                creator = ["root", "root", "<root>"]
+                runtime().send(
+                    address,
+                    {"k": SPAWN_KIND, "d": _REGISTRY_KEY, "n": "controllers", "r": 0, "x": [[], []], "a": (address,), "c": creator},
+                    payload.dumps((_ControllerRegistry, (), {})),
+                )
+                _registry_started = True
+    return ActorMesh(_ControllerRegistry, "controllers", _REGISTRY_KEY, (address,), Shape.unity())
+
+
+def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any) -> Future[T]:
+    """The process-wide singleton actor ``name``, spawned once in the client process."""
+    validate_actor_class(Class, args, kwargs)
+    return _registry().get_or_spawn.call_one(name, Class, args, kwargs)

@@ -1,0 +1,209 @@
+"""Starting worker processes (fork+exec) and noticing when they exit.
+
+Each worker gets its listening socket already bound (so messages can be sent to it the moment
+``spawn_procs`` returns) and the read end of a "parent alive" pipe. Exits are observed with a
+pidfd on the event loop (a waiter thread where pidfds are unavailable), within milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import weakref
+from typing import Any, Callable, Mapping, Sequence
+
+from monarch._src.actor.future import Future
+from monarch._src.actor.port import fail_waiting_on, supervision_error_for
+from monarch._src.actor.proc import STOP_PROC_KIND, runtime
+from monarch._src.runtime.bootstrap import BOOTSTRAP_ENV
+from monarch._src.runtime.runtime import ADDRESS_PREFIX, bind_unix_socket
+from monarch._src.transport.auth import SECRET_ENV
+
+logger = logging.getLogger("monarch.host")
+
+WORKER_MODULE = "monarch._src.runtime.bootstrap"
+INIT_MODULES = ["monarch._src.actor.proc"]
+
+_live_groups: "weakref.WeakSet[ProcGroup]" = weakref.WeakSet()
+_groups_lock = threading.Lock()
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name} (Killed(sig={-returncode}))"
+    return f"exited with code {returncode}"
+
+
+class ProcGroup:
+    """The OS processes behind one ``spawn_procs`` call, owned by the spawning process."""
+
+    def __init__(self, name: str, envs: Sequence[Mapping[str, str]], gated: bool = False) -> None:
+        rt = runtime()
+        self.name = name
+        self.addresses: list[str] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.returncodes: list[int | None] = []
+        self._death_pipes: list[int] = []
+        self._stop_requested = False
+        self._exit_futures: list[Future[int]] = []
+        self.on_exit: list[Callable[[int, str, int], None]] = []
+        root = os.environ.get("MONARCH_ROOT_ADDRESS") or rt.address
+        try:
+            for rank, extra_env in enumerate(envs):
+                self._start_one(rt, rank, extra_env, root, gated)
+        except BaseException:
+            self.kill()
+            raise
+        with _groups_lock:
+            _live_groups.add(self)
+
+    def _start_one(self, rt: Any, rank: int, extra_env: Mapping[str, str], root: str, gated: bool) -> None:
+        path = rt.new_socket_path()
+        sock = bind_unix_socket(path)
+        death_r, death_w = os.pipe()
+        try:
+            env = dict(os.environ)
+            env.update(extra_env)
+            env["MONARCH_ROOT_ADDRESS"] = root
+            env[SECRET_ENV] = rt.secret.hex()
+            env[BOOTSTRAP_ENV] = json.dumps(
+                {
+                    "listen_fd": sock.fileno(),
+                    "death_fd": death_r,
+                    "socket_dir": rt.socket_dir,
+                    "init_modules": INIT_MODULES,
+                    "gated": gated,
+                    "name": self.name,
+                    "rank": rank,
+                }
+            )
+            proc = subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE],
+                pass_fds=(sock.fileno(), death_r),
+                env=env,
+            )
+        finally:
+            sock.close()
+            os.close(death_r)
+        self.procs.append(proc)
+        self.addresses.append(ADDRESS_PREFIX + path)
+        self.returncodes.append(None)
+        self._death_pipes.append(death_w)
+        fut: Future[int] = Future._new()
+        self._exit_futures.append(fut)
+        self._watch(rank, proc)
+
+    def _watch(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        rt = runtime()
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            threading.Thread(target=lambda: (proc.wait(), rt.loop.call_soon_threadsafe(self._exited, rank)), daemon=True).start()
+            return
+
+        def readable() -> None:
+            rt.loop.remove_reader(pidfd)
+            os.close(pidfd)
+            self._exited(rank)
+
+        rt.loop_thread.call_soon(rt.loop.add_reader, pidfd, readable)
+
+    def _exited(self, rank: int) -> None:
+        proc = self.procs[rank]
+        code = proc.wait()
+        self.returncodes[rank] = code
+        try:
+            os.close(self._death_pipes[rank])
+        except OSError:
+            pass
+        address = self.addresses[rank]
+        how = describe_exit(code)
+        fail_waiting_on(address, lambda h: supervision_error_for("a", address, f"(rank {rank} of {self.name}) {how}"))
+        if not self._stop_requested:
+            for cb in list(self.on_exit):
+                try:
+                    cb(rank, how, code)
+                except Exception:
+                    logger.exception("exit callback failed")
+        self._exit_futures[rank]._set_result(code)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop_requested
+
+    def alive(self) -> list[bool]:
+        return [c is None for c in self.returncodes]
+
+    def stop(self, reason: str = "stopped", timeout: float = 5.0) -> Future[None]:
+        """Ask each worker to exit; kill those still running after ``timeout`` seconds."""
+        self._stop_requested = True
+        rt = runtime()
+        for address, code in zip(self.addresses, self.returncodes):
+            if code is None:
+                try:
+                    rt.send(address, {"k": STOP_PROC_KIND}, [])
+                except Exception:
+                    pass
+        result: Future[None] = Future._new()
+        pending = [f for f in self._exit_futures if not f.done()]
+        if not pending:
+            result._set_result(None)
+            return result
+        remaining = [len(pending)]
+        lock = threading.Lock()
+
+        def one_done(_: Future[int]) -> None:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                timer.cancel()
+                result._set_result(None)
+
+        timer = threading.Timer(timeout, self.kill)
+        timer.daemon = True
+        timer.start()
+        for f in pending:
+            f._add_done_callback(one_done)
+        return result
+
+    def kill(self) -> None:
+        self._stop_requested = True
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.kill()
+                except OSError:
+                    pass
+
+    def wait(self, timeout: float | None = None) -> None:
+        for proc in self.procs:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def stop_all_groups(timeout: float) -> None:
+    """Stop every process group this process spawned (client shutdown)."""
+    with _groups_lock:
+        groups = list(_live_groups)
+    futures = [g.stop("shutdown", timeout) for g in groups]
+    for f in futures:
+        try:
+            f.get(timeout + 1.0)
+        except Exception:
+            pass
+    for g in groups:
+        g.kill()
+        g.wait(1.0)

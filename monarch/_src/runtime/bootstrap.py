@@ -1,0 +1,94 @@
+"""Entry point of a worker process: ``python -m monarch._src.runtime.bootstrap``.
+
+The spawner has already bound this worker's listening socket and passes it as an inherited
+file descriptor, so peers can connect (and queue frames) before this interpreter has even
+started. A pipe from the spawner tells the worker when its parent dies, however it dies
+(``kill -9`` included): the worker then exits, so no process outlives its client.
+
+The main thread stays free: it waits until the worker is asked to exit, or runs work that
+must own the main thread (the launcher runs the user's training script there).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+from typing import Any, Callable
+
+from monarch._src.runtime.runtime import Runtime
+from monarch._src.transport.auth import SECRET_ENV
+
+BOOTSTRAP_ENV = "MONARCH_BOOTSTRAP"
+#: Seconds a worker waits for its own threads at exit before it exits anyway.
+EXIT_GRACE_S = 3.0
+
+#: Work for the main thread: callables, or an int exit code that ends the worker.
+_main_queue: "queue.SimpleQueue[Callable[[], Any] | int]" = queue.SimpleQueue()
+
+
+def request_exit(code: int = 0) -> None:
+    _main_queue.put(code)
+
+
+def run_on_main_thread(fn: Callable[[], Any]) -> None:
+    """Run ``fn`` on this worker's main thread (e.g. a training script run as ``__main__``)."""
+    _main_queue.put(fn)
+
+
+def _watch_parent(rt: Runtime, fd: int) -> None:
+    def on_readable() -> None:
+        try:
+            data = os.read(fd, 1)
+        except OSError:
+            data = b""
+        if not data:  # EOF: the parent is gone
+            rt.loop.remove_reader(fd)
+            _exit_now(0)
+
+    rt.loop.call_soon_threadsafe(rt.loop.add_reader, fd, on_readable)
+
+
+def _exit_now(code: int) -> None:
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def main() -> None:
+    config: dict[str, Any] = json.loads(os.environ.pop(BOOTSTRAP_ENV))
+    secret = bytes.fromhex(os.environ.pop(SECRET_ENV))
+    # Upper layers name the modules that register their handlers (the runtime knows none).
+    for module in config.get("init_modules", []):
+        hook = getattr(importlib.import_module(module), "on_worker_start", None)
+        if hook is not None:
+            hook(config)
+    listen = socket.socket(fileno=config["listen_fd"])
+    rt = Runtime(secret=secret, socket_dir=config["socket_dir"], listen_sock=listen)
+    Runtime.install(rt)
+    _watch_parent(rt, config["death_fd"])
+    while True:
+        work = _main_queue.get()
+        if isinstance(work, int):
+            code = work
+            break
+        work()
+    # Exit gracefully (interpreter finalization runs), but never hang on a stuck thread.
+    timer = threading.Timer(EXIT_GRACE_S, _exit_now, args=(code,))
+    timer.daemon = True
+    timer.start()
+    rt.shutdown()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    # Run the importable module's main, not this __main__ copy, so its state is shared.
+    from monarch._src.runtime.bootstrap import main as _main
+
+    _main()

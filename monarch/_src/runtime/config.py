@@ -1,0 +1,31 @@
+"""Runtime settings read from the environment, overridable with ``monarch.config.configure``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+@dataclass
+class RuntimeConfig:
+    #: Largest frame accepted or sent, in bytes (Monarch's default is 10 GiB).
+    max_frame_bytes: int = field(
+        default_factory=lambda: _int_env(
+            "MONARCH_MAX_FRAME_BYTES", _int_env("HYPERACTOR_CODEC_MAX_FRAME_LENGTH", 10 << 30)
+        )
+    )
+    #: How long shutdown waits for a worker to exit by itself before killing it.
+    stop_timeout_s: float = 5.0
+
+
+CONFIG = RuntimeConfig()

@@ -1,0 +1,53 @@
+"""The event loop every monarch process runs on its own daemon thread (``monarch-loop``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional (not on every platform)
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class LoopThread:
+    """Owns a loop running forever on a daemon thread; ``stop`` ends it."""
+
+    def __init__(self, name: str = "monarch-loop") -> None:
+        self.loop = new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(started,), name=name, daemon=True)
+        self.thread.start()
+        started.wait()
+        self.ident = self.thread.ident
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(started.set)
+        self.loop.run_forever()
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self.ident
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn`` on the loop, in FIFO order with other calls from the same thread."""
+        if threading.get_ident() == self.ident:
+            self.loop.call_soon(fn, *args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def run_sync(self, coro: Any, timeout: float | None = None) -> Any:
+        """Run a coroutine on the loop from another thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.get_ident() != self.ident:
+            self.thread.join(timeout)

@@ -1,0 +1,263 @@
+"""The per-process runtime: loop thread, listener, outgoing connections and the router.
+
+Every monarch process has exactly one ``Runtime``. The router is a table from message kind to
+handler; upper layers register handlers (the actor layer handles messages, spawns and port
+replies). Delivery inside the process skips the socket but not serialization, so a message is
+always a copy, as in Monarch.
+
+Thread model: ``send`` may be called from any thread. Frames from one thread to one peer keep
+their order (one outgoing connection per peer, FIFO callback queue), which gives Monarch's
+per-sender FIFO guarantee.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from typing import Any, Callable, ClassVar
+
+from monarch._src.runtime.config import CONFIG
+from monarch._src.runtime.loop_thread import LoopThread
+from monarch._src.transport import auth
+from monarch._src.transport.connection import FramedConnection
+from monarch._src.wire.frame import encode_frame
+
+logger = logging.getLogger("monarch.runtime")
+
+Handler = Callable[[dict, list], None]
+PeerLostCallback = Callable[[str, BaseException], None]
+
+ADDRESS_PREFIX = "unix:"
+
+
+def socket_path(address: str) -> str:
+    if not address.startswith(ADDRESS_PREFIX):
+        raise ValueError(f"unsupported proc address {address!r}")
+    return address[len(ADDRESS_PREFIX) :]
+
+
+def new_socket_dir() -> str:
+    """A private (0700) directory for this job's Unix sockets."""
+    base = os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    return tempfile.mkdtemp(prefix="job-", dir=base)
+
+
+def bind_unix_socket(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(1024)
+    return sock
+
+
+class Runtime:
+    """See the module docstring. Use ``Runtime.get()`` for this process's instance."""
+
+    _instance: ClassVar["Runtime | None"] = None
+    _instance_lock: ClassVar[threading.RLock] = threading.RLock()
+    #: Upper layers install their message handlers through these, on every new runtime.
+    _start_hooks: ClassVar[list[Callable[["Runtime"], None]]] = []
+
+    def __init__(
+        self,
+        *,
+        secret: bytes,
+        socket_dir: str,
+        listen_sock: socket.socket | None = None,
+        owns_socket_dir: bool = False,
+    ) -> None:
+        self.secret = secret
+        self.socket_dir = socket_dir
+        self._owns_socket_dir = owns_socket_dir
+        self.max_frame_bytes = CONFIG.max_frame_bytes
+        self._socket_seq = 0
+        self._seq_lock = threading.Lock()
+        if listen_sock is None:
+            listen_sock = bind_unix_socket(self.new_socket_path())
+        self.address = ADDRESS_PREFIX + listen_sock.getsockname()
+        self._handlers: dict[int, Handler] = {}
+        self._conns: dict[str, FramedConnection] = {}
+        self._incoming: set[FramedConnection] = set()
+        self._peer_lost: list[PeerLostCallback] = []
+        self.closed = False
+        self.loop_thread = LoopThread()
+        self.loop = self.loop_thread.loop
+        with Runtime._instance_lock:  # handlers must be in place before the first frame
+            for hook in Runtime._start_hooks:
+                hook(self)
+        self._server = self.loop_thread.run_sync(self._listen(listen_sock))
+
+    # -- process-wide instance ----------------------------------------------------------------
+
+    @classmethod
+    def get(cls) -> "Runtime":
+        rt = cls._instance
+        if rt is not None:
+            return rt
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls.install(new_client_runtime())
+            return cls._instance  # type: ignore[return-value]
+
+    @classmethod
+    def current(cls) -> "Runtime | None":
+        return cls._instance
+
+    @classmethod
+    def install(cls, rt: "Runtime") -> None:
+        """Make ``rt`` this process's runtime."""
+        with cls._instance_lock:
+            cls._instance = rt
+
+    @classmethod
+    def add_start_hook(cls, hook: Callable[["Runtime"], None]) -> None:
+        """Run ``hook(runtime)`` on every runtime, before it accepts connections."""
+        with cls._instance_lock:
+            cls._start_hooks.append(hook)
+            if cls._instance is not None:
+                hook(cls._instance)
+
+    # -- addressing -----------------------------------------------------------------------------
+
+    def new_socket_path(self) -> str:
+        with self._seq_lock:
+            self._socket_seq += 1
+            seq = self._socket_seq
+        return os.path.join(self.socket_dir, f"{os.getpid()}-{seq}.sock")
+
+    def is_local(self, address: str) -> bool:
+        return address == self.address
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self.loop_thread.ident
+
+    # -- routing --------------------------------------------------------------------------------
+
+    def register(self, kind: int, handler: Handler) -> None:
+        self._handlers[kind] = handler
+
+    def on_peer_lost(self, callback: PeerLostCallback) -> None:
+        self._peer_lost.append(callback)
+
+    def dispatch(self, header: dict, bodies: list) -> None:
+        handler = self._handlers.get(header.get("k"))  # type: ignore[arg-type]
+        if handler is None:
+            logger.error("dropping frame of unknown kind %r", header.get("k"))
+            return
+        try:
+            handler(header, bodies)
+        except Exception:
+            logger.exception("handler for frame kind %r failed", header.get("k"))
+
+    def send(self, address: str, header: dict, bodies: list) -> None:
+        """Deliver one message; callable from any thread. Raises FrameTooLargeError at once."""
+        if address == self.address:
+            if len(bodies) > 1:  # out-of-band buffers alias the sender's memory: copy them
+                bodies = [bodies[0], *(bytearray(b) for b in bodies[1:])]
+            self.dispatch(header, bodies)
+            return
+        if self.closed:
+            raise RuntimeError("the monarch runtime of this process has been shut down")
+        buffers = encode_frame(header, bodies, self.max_frame_bytes)
+        if threading.get_ident() == self.loop_thread.ident:
+            self._send_now(address, buffers)
+        else:
+            self.loop.call_soon_threadsafe(self._send_now, address, buffers)
+
+    def _send_now(self, address: str, buffers: list) -> None:
+        conn = self._conns.get(address)
+        if conn is None or conn.closed:
+            conn = self._connect(address)
+        try:
+            conn.send(buffers)
+        except ConnectionError as e:
+            logger.debug("send to %s failed: %s", address, e)
+
+    def _connect(self, address: str) -> FramedConnection:
+        conn = FramedConnection(
+            is_server=False,
+            secret=self.secret,
+            max_frame_bytes=self.max_frame_bytes,
+            on_frame=self.dispatch,
+            on_close=lambda c, reason: self._outgoing_closed(address, c, reason),
+            name=f"->{address}",
+        )
+        self._conns[address] = conn
+
+        async def open_connection() -> None:
+            try:
+                await self.loop.create_unix_connection(lambda: conn, socket_path(address))
+            except OSError as e:
+                conn.abort(ConnectionRefusedError(f"cannot connect to {address}: {e}"))
+
+        self.loop.create_task(open_connection())
+        return conn
+
+    def _outgoing_closed(self, address: str, conn: FramedConnection, reason: BaseException) -> None:
+        if self._conns.get(address) is conn:
+            del self._conns[address]
+        if self.closed:
+            return
+        for cb in list(self._peer_lost):
+            try:
+                cb(address, reason)
+            except Exception:
+                logger.exception("peer-lost callback failed")
+
+    async def _listen(self, sock: socket.socket) -> asyncio.AbstractServer:
+        def factory() -> FramedConnection:
+            conn = FramedConnection(
+                is_server=True,
+                secret=self.secret,
+                max_frame_bytes=self.max_frame_bytes,
+                on_frame=self.dispatch,
+                on_close=lambda c, reason: self._incoming.discard(c),
+                name=f"<-{self.address}",
+            )
+            self._incoming.add(conn)
+            return conn
+
+        return await self.loop.create_unix_server(factory, sock=sock)
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Close every connection and stop the loop thread. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+
+        async def close_all() -> None:
+            self._server.close()
+            for conn in list(self._conns.values()) + list(self._incoming):
+                conn.close()
+            await asyncio.sleep(0)
+
+        if not self.loop.is_closed():
+            try:
+                if self.on_loop_thread():
+                    self.loop.create_task(close_all())
+                else:
+                    self.loop_thread.run_sync(close_all(), timeout=2)
+            except Exception:
+                logger.debug("error while closing connections", exc_info=True)
+            self.loop_thread.stop()
+        try:
+            os.unlink(socket_path(self.address))
+        except OSError:
+            pass
+        if self._owns_socket_dir:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if Runtime._instance is self:
+            Runtime._instance = None
+
+
+def new_client_runtime() -> Runtime:
+    secret = auth.new_secret()
+    # Shut down at exit by ``shutdown_context`` (host layer), after the workers it spawned.
+    return Runtime(secret=secret, socket_dir=new_socket_dir(), owns_socket_dir=True)

@@ -1,0 +1,71 @@
+"""Frame format shared by every connection.
+
+A frame is ``<u32 header length> <msgpack header> <body 0> <body 1> ...``. The header is a
+small msgpack map the router can read without touching the bodies; it carries the byte length
+of every body under the key ``"b"``. Body 0 is the pickle stream of the payload, the others are
+its out-of-band buffers, so a large array is written straight from its own memory and read
+straight into its final buffer.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Sequence
+
+import msgpack
+
+PREFIX = struct.Struct("<I")
+PREFIX_SIZE = PREFIX.size
+
+#: Headers are tiny (ids, an endpoint name, a few ranks); anything bigger is malformed.
+MAX_HEADER_BYTES = 1 << 20
+
+BODY_LENGTHS = "b"
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+class FrameError(Exception):
+    """A frame that cannot be sent or was received malformed."""
+
+
+class FrameTooLargeError(FrameError, ValueError):
+    """A frame exceeds the configured maximum size (on the sending or the receiving side)."""
+
+    def __init__(self, length: int, limit: int, side: str) -> None:
+        super().__init__(
+            f"rejecting oversize frame: len={length} > max={limit} ({side} side)\n"
+            "HINT: send large data in smaller pieces, or raise the limit on both sides with "
+            "the MONARCH_MAX_FRAME_BYTES environment variable (or "
+            "monarch.config.configure(codec_max_frame_length=...))."
+        )
+        self.length = length
+        self.limit = limit
+
+
+def encode_frame(header: dict[str, Any], bodies: Sequence[Any], max_frame_bytes: int) -> list[Any]:
+    """Return the buffers of one frame, ready for ``transport.writelines``.
+
+    The bodies are not copied; ``header`` gains the body lengths.
+    """
+    lengths = [memoryview(b).nbytes if not isinstance(b, (bytes, bytearray)) else len(b) for b in bodies]
+    header[BODY_LENGTHS] = lengths
+    head = _pack(header)
+    total = len(head) + sum(lengths)
+    if total > max_frame_bytes:
+        raise FrameTooLargeError(total, max_frame_bytes, "sending")
+    return [PREFIX.pack(len(head)), head, *bodies]
+
+
+def decode_header(data: bytes | memoryview) -> dict[str, Any]:
+    """Decode a header received on an authenticated connection; raise FrameError if malformed."""
+    try:
+        header = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated exception types
+        raise FrameError(f"malformed frame header: {e}") from None
+    if not isinstance(header, dict):
+        raise FrameError("malformed frame header: not a map")
+    lengths = header.get(BODY_LENGTHS)
+    if not isinstance(lengths, list) or not all(isinstance(n, int) and n >= 0 for n in lengths):
+        raise FrameError("malformed frame header: bad body lengths")
+    return header

@@ -1,0 +1,95 @@
+"""Payload codec: cloudpickle protocol 5 with large buffers carried out of band.
+
+``dumps`` returns ``[pickle_stream, buffer, buffer, ...]``; the buffers are views of the
+original objects' memory, never copies. Plain ``bytes`` and CPU torch tensors do not offer
+out-of-band buffers by themselves, so the pickler reduces large ones to a ``PickleBuffer``.
+Classes and functions defined in ``__main__`` or a notebook pickle by value (cloudpickle).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from typing import Any, Sequence
+
+import cloudpickle
+
+#: Buffers smaller than this stay inside the pickle stream: a separate write costs more.
+OUT_OF_BAND_THRESHOLD = 64 * 1024
+
+
+def _bytes_from_buffer(buf: Any) -> bytes:
+    return bytes(buf)
+
+
+def _tensor_from_buffer(buf: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> Any:
+    import torch
+
+    t = torch.frombuffer(buf, dtype=dtype) if len(memoryview(buf)) else torch.empty(0, dtype=dtype)
+    t = t.reshape(shape)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _reduce_torch_tensor(obj: Any) -> Any:
+    """Reduce a large dense contiguous CPU tensor to a raw buffer; else defer to torch."""
+    torch = sys.modules["torch"]
+    if (
+        type(obj) is not torch.Tensor
+        or obj.device.type != "cpu"
+        or obj.layout != torch.strided
+        or not obj.is_contiguous()
+        or obj.is_quantized
+        or obj.grad_fn is not None
+        or obj.nbytes < OUT_OF_BAND_THRESHOLD
+    ):
+        return NotImplemented
+    flat = obj.detach().reshape(-1).view(torch.uint8)
+    return (
+        _tensor_from_buffer,
+        (pickle.PickleBuffer(flat.numpy()), obj.dtype, tuple(obj.shape), obj.requires_grad),
+    )
+
+
+class _Pickler(cloudpickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is bytes:
+            if len(obj) >= OUT_OF_BAND_THRESHOLD:
+                return _bytes_from_buffer, (pickle.PickleBuffer(obj),)
+            return NotImplemented
+        if t.__name__ == "Tensor" and "torch" in sys.modules:
+            return _reduce_torch_tensor(obj)
+        return super().reducer_override(obj)
+
+
+def dumps(obj: Any) -> list[Any]:
+    """Serialize ``obj`` into ``[stream, *out_of_band_buffers]`` without copying large buffers."""
+    buffers: list[Any] = []
+
+    def keep(buf: pickle.PickleBuffer) -> bool:
+        raw = buf.raw()
+        if raw.nbytes < OUT_OF_BAND_THRESHOLD:
+            return True  # in band
+        buffers.append(raw)
+        return False
+
+    f = io.BytesIO()
+    _Pickler(f, protocol=5, buffer_callback=keep).dump(obj)
+    return [f.getbuffer(), *buffers]
+
+
+def dumps_inband(obj: Any) -> bytes:
+    """Serialize for delivery inside this process: one copy, shares no memory with ``obj``."""
+    f = io.BytesIO()
+    _Pickler(f, protocol=5).dump(obj)
+    return f.getvalue()
+
+
+def loads(bodies: Sequence[Any] | bytes) -> Any:
+    """Inverse of ``dumps`` (or of ``dumps_inband`` when given a single bytes object)."""
+    if isinstance(bodies, (bytes, bytearray, memoryview)):
+        return pickle.loads(bodies)
+    return pickle.loads(bodies[0], buffers=bodies[1:])
