@@ -270,12 +270,16 @@ class LaunchConfig:
         return tuple(name.strip() for name in self.signals_to_handle.split(","))
 
     def resolved_signals(self) -> tuple[signal.Signals, ...]:
-        """The signals to trap; unknown names are skipped, as torchrun skips
-        them (with a warning, see :attr:`notices`)."""
+        """The signals to trap; unknown names and SIGKILL/SIGSTOP are skipped,
+        as torchrun skips them (with a warning, see :attr:`notices`)."""
         found: list[signal.Signals] = []
         for name in self.signal_names:
             sig = getattr(signal, name, None)
-            if isinstance(sig, signal.Signals) and sig not in found:
+            if (
+                isinstance(sig, signal.Signals)
+                and sig not in (signal.SIGKILL, signal.SIGSTOP)
+                and sig not in found
+            ):
                 found.append(sig)
         return tuple(found)
 

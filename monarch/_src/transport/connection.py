@@ -29,7 +29,11 @@ logger = logging.getLogger("monarch.transport")
 SCRATCH_BYTES = 256 * 1024
 #: A body at least this large is read directly into its own buffer.
 DIRECT_READ_BYTES = 64 * 1024
-HANDSHAKE_TIMEOUT_S = 10.0
+#: An unauthenticated peer is dropped after this long (defends the listener).
+SERVER_HANDSHAKE_TIMEOUT_S = 10.0
+#: Connecting to a process that is still starting (its socket is bound before its interpreter
+#: runs) can take long on a loaded machine; a process that dies is reported by its spawner.
+CLIENT_HANDSHAKE_TIMEOUT_S = 120.0
 
 FrameHandler = Callable[[dict, list], None]
 
@@ -87,7 +91,8 @@ class FramedConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         loop = asyncio.get_running_loop()
-        self._handshake_timer = loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
+        timeout = SERVER_HANDSHAKE_TIMEOUT_S if self.is_server else CLIENT_HANDSHAKE_TIMEOUT_S
+        self._handshake_timer = loop.call_later(timeout, self._handshake_timeout, timeout)
         if self.is_server:
             self._nonce_s = auth.new_nonce()
             self.transport.write(auth.challenge(self._nonce_s))
@@ -171,9 +176,9 @@ class FramedConnection(asyncio.BufferedProtocol):
         if self._on_close is not None:
             self._on_close(self, reason)
 
-    def _handshake_timeout(self) -> None:
+    def _handshake_timeout(self, timeout: float) -> None:
         if not self.authenticated:
-            self.abort(auth.HandshakeError(f"handshake not completed within {HANDSHAKE_TIMEOUT_S}s"))
+            self.abort(auth.HandshakeError(f"handshake not completed within {timeout}s"))
 
     def _compact(self) -> None:
         live = self._end - self._start

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv with monarch-aio (editable) and its test dependencies. Idempotent.
+# torch is pinned to the CPU build on this machine's disk; never let an unpinned torch in.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/pip install -q -e ".[test]"
+if [ "${MONARCH_SKIP_TORCH:-0}" != "1" ]; then
+  .venv/bin/pip install -q "torch==2.13.0"
+fi

@@ -1,0 +1,69 @@
+"""Shared fixtures. Every test is checked for leftover monarch worker processes."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterator
+
+import psutil
+import pytest
+
+WORKER_MARK = "monarch._src.runtime.bootstrap"
+
+
+def monarch_processes() -> list[psutil.Process]:
+    """Monarch worker processes descended from this test process, or orphaned by it."""
+    found = []
+    me = os.getpid()
+    for p in psutil.process_iter(["cmdline", "ppid"]):
+        try:
+            cmd = p.info["cmdline"] or []
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if p.pid != me and any(WORKER_MARK in c for c in cmd):
+            found.append(p)
+    return found
+
+
+def wait_for_no_monarch_processes(before: set[int], timeout: float = 10.0) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in monarch_processes() if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    """Fail a test that leaves a monarch worker process behind (and kill the leftovers)."""
+    before = {p.pid for p in monarch_processes()}
+    yield
+    left = wait_for_no_monarch_processes(before)
+    if left:
+        for p in left:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        pytest.fail(f"test left monarch processes behind: {[p.pid for p in left]}")
+
+
+@pytest.fixture
+def procs2() -> Iterator[object]:
+    """A 2-process mesh {gpus: 2}, stopped after the test."""
+    from monarch.actor import this_host
+
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    yield pm
+    pm.stop().get(timeout=10)
+
+
+@pytest.fixture
+def procs1() -> Iterator[object]:
+    from monarch.actor import this_host
+
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    yield pm
+    pm.stop().get(timeout=10)

@@ -1,0 +1,28 @@
+"""The getting-started example runs unchanged against this package and prints what the guide shows."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "getting_started.py"
+
+
+def test_getting_started_example_runs() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=90, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "Counter value: 0" in out
+    # broadcast to all 8, then to gpus 0..3 again
+    assert out.count("}, 2)") == 4 and out.count("}, 1)") == 4
+    assert "Process mesh extent: {gpus: 4}" in out
+    assert out.count("Step with data <data 1> and input = None") == 4
+    assert "Actor rank: {'gpus': 3/4}, message rank: {'gpus': 3/4}" in out
+    lines = out.splitlines()
+    assert "3" in lines  # the value sent through the channel
+    assert lines[-2:] == ["inferred with: 1", "inferred with: 1"]
+    assert "Traceback" not in proc.stderr
