@@ -18,13 +18,16 @@ FORCE=0
 
 mkdir -p "$VENVS"
 
+# pip, minus the harmless warnings about this machine's empty extra-index folders
+pipq() { "$@" 2>&1 | { grep -v "neither a file nor a directory" || true; }; }
+
 make_venv() {  # name
   local d="$VENVS/$1"
   if [[ $FORCE == 1 ]]; then rm -rf "$d"; fi
   if [[ ! -x "$d/bin/python" ]]; then
     echo "[setup_peers] creating $d"
     "$PY" -m venv "$d"
-    "$d/bin/python" -m pip install -q --upgrade pip
+    pipq "$d/bin/python" -m pip install -q --upgrade pip
   fi
 }
 
@@ -33,13 +36,13 @@ make_venv torchmonarch
 TM="$VENVS/torchmonarch/bin/python"
 if ! "$TM" -c "import importlib.metadata as m, sys; sys.exit(m.version('torchmonarch') != '$TORCHMONARCH_VERSION')" 2>/dev/null; then
   echo "[setup_peers] installing torchmonarch==$TORCHMONARCH_VERSION"
-  "$TM" -m pip install -q "torchmonarch==$TORCHMONARCH_VERSION" $NUMPY_SPEC
+  pipq "$TM" -m pip install -q "torchmonarch==$TORCHMONARCH_VERSION" $NUMPY_SPEC
 fi
 # The actor API must import. torchmonarch may need torch; if so, use ONLY the
 # pinned CPU wheel that lies on local disk (an unpinned torch pulls CUDA builds).
 if ! "$TM" -c "from monarch.actor import Actor, endpoint, this_host, this_proc" >/dev/null 2>&1; then
   echo "[setup_peers] monarch.actor does not import without torch; installing torch==2.13.0"
-  "$TM" -m pip install -q "torch==2.13.0"
+  pipq "$TM" -m pip install -q "torch==2.13.0"
   "$TM" -c "from monarch.actor import Actor, endpoint, this_host, this_proc"
 fi
 echo "[setup_peers] torchmonarch ok: $("$TM" -c "import importlib.metadata as m; print(m.version('torchmonarch'))")"
@@ -49,7 +52,7 @@ make_venv ray
 RP="$VENVS/ray/bin/python"
 if ! "$RP" -c "import importlib.metadata as m, sys; sys.exit(m.version('ray') != '$RAY_VERSION')" 2>/dev/null; then
   echo "[setup_peers] installing ray==$RAY_VERSION"
-  "$RP" -m pip install -q "ray==$RAY_VERSION" $NUMPY_SPEC
+  pipq "$RP" -m pip install -q "ray==$RAY_VERSION" $NUMPY_SPEC
 fi
-"$RP" -c "import ray, numpy" 
+"$RP" -c "import ray, numpy"
 echo "[setup_peers] ray ok: $("$RP" -c "import ray; print(ray.__version__)")"

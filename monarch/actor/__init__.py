@@ -24,6 +24,8 @@ from monarch._src.actor.port import Channel as Channel
 from monarch._src.actor.port import Port as Port
 from monarch._src.actor.port import PortReceiver as PortReceiver
 from monarch._src.actor.proc_mesh import ProcMesh as ProcMesh
+from monarch._src.actor.supervision import MeshFailure as MeshFailure
+from monarch._src.actor.supervision import unhandled_fault_hook as unhandled_fault_hook
 from monarch._src.actor.proc_mesh import get_or_spawn_controller as get_or_spawn_controller
 from monarch._src.actor.proc_mesh import this_proc as this_proc
 from monarch._src.host.host_mesh import HostMesh as HostMesh
@@ -46,6 +48,7 @@ __all__ = [
     "Future",
     "HostMesh",
     "Instance",
+    "MeshFailure",
     "Point",
     "Port",
     "PortReceiver",
@@ -65,6 +68,7 @@ __all__ = [
     "shutdown_context",
     "this_host",
     "this_proc",
+    "unhandled_fault_hook",
 ]
 
 # Pickles and tracebacks name the public path, not the private module.

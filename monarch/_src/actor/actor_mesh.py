@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
+from monarch._src.actor import supervision
 from monarch._src.actor.actor import endpoint_table
 from monarch._src.actor.endpoint import ActorEndpoint, NotAnEndpoint
-from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future
 from monarch._src.mesh.mesh_trait import MeshTrait
 from monarch._src.mesh.shape import Shape
@@ -31,7 +31,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._mesh_shape = shape
         self._endpoint_cache: dict[str, Any] = {}
         self._dest_cache: list[tuple[int, str]] | None = None
-        self._stopped = False
+        ext = shape.extent
+        self._wire_extent = [ext.labels, ext.sizes]
 
     # -- MeshTrait ----------------------------------------------------------------------------
 
@@ -53,20 +54,19 @@ class ActorMesh(MeshTrait, Generic[T]):
         return d
 
     def _extent_wire(self) -> list[Any]:
-        ext = self._mesh_shape.extent
-        return [ext.labels, ext.sizes]
+        return self._wire_extent
 
     def _shape_renumbered(self) -> Shape:
         return Shape.from_extent(self._mesh_shape.extent)
 
     def _check_usable(self, endpoint: str) -> None:
-        if self._stopped:
-            raise SupervisionError(
-                f"Endpoint call {self._mesh_name}.{endpoint}() failed, actor mesh {self._mesh_name} has been stopped"
-            )
+        """Raise SupervisionError if a rank of this (sliced) mesh is known failed or stopped."""
+        err = supervision.mesh_error(self._key, self._mesh_name, endpoint, [a for _, a in self._destinations()])
+        if err is not None:
+            raise err
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_class", "_endpoint_cache"):
+        if name.startswith("__") or name in ("_class", "_endpoint_cache", "_mesh_shape"):
             raise AttributeError(name)
         cache = self._endpoint_cache
         ep = cache.get(name)
@@ -86,7 +86,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         """Stop these actors after they drain the messages already sent; runs ``__cleanup__``."""
         from monarch._src.actor.proc_mesh import stop_actors
 
-        self._stopped = True
+        supervision.mark_stopped(self._key, reason)
         return stop_actors(self._key, [a for _, a in self._destinations()])
 
     @property

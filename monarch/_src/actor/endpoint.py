@@ -12,6 +12,7 @@ import random
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Literal, TypeVar, overload
 
 from monarch._src.actor.collectors import GatherCollector, OnceCollector, StreamCollector
+from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future
 from monarch._src.actor.port import Port, PortHandler
 from monarch._src.actor.proc import runtime
@@ -25,6 +26,7 @@ Selection = Literal["all", "choose"]
 Propagator = Any
 
 MSG_KIND = 1
+_NO_EXTENT: list[Any] = [[], []]
 
 
 class EndpointProperty(Generic[R]):
@@ -45,6 +47,8 @@ class EndpointProperty(Generic[R]):
         self._concurrent = concurrent
         self.is_async = inspect.iscoroutinefunction(method)
         self._signature: inspect.Signature | None = None
+        #: (min, max) positional count when the signature is plain, to check without bind().
+        self._arity: tuple[int, int] | None = None
         self.__doc__ = method.__doc__
         self.__name__ = getattr(method, "__name__", "endpoint")
 
@@ -55,17 +59,29 @@ class EndpointProperty(Generic[R]):
 
     def check_args(self, args: tuple, kwargs: dict) -> None:
         """Raise TypeError at the call site if the arguments do not fit the method."""
+        arity = self._arity
+        if arity is not None and not kwargs and arity[0] <= len(args) <= arity[1]:
+            return
         sig = self._signature
         if sig is None:
             try:
                 sig = self._signature = inspect.signature(self._method)
             except (TypeError, ValueError):
                 return
+            self._arity = _plain_arity(sig, 2 if self._explicit_response_port else 1)
         lead = (None, None) if self._explicit_response_port else (None,)
         try:
             sig.bind(*lead, *args, **kwargs)
         except TypeError as e:
             raise TypeError(f"wrong arguments for endpoint {self.__name__}{_public_signature(sig, self._explicit_response_port)}: {e}") from None
+
+
+def _plain_arity(sig: inspect.Signature, lead: int) -> tuple[int, int] | None:
+    params = list(sig.parameters.values())[lead:]
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    required = sum(1 for p in params if p.default is inspect.Parameter.empty)
+    return required, len(params)
 
 
 def _public_signature(sig: inspect.Signature, explicit_port: bool) -> str:
@@ -140,14 +156,13 @@ class ActorEndpoint(Generic[R]):
         """Send one message per destination; return the destination addresses."""
         self._prop.check_args(args, kwargs)
         mesh = self._mesh
-        mesh._check_usable(self._name)
         bodies = payload.dumps((args, kwargs))
         rt = runtime()
         dests = mesh._destinations()
         if selection == "choose":
             i = random.randrange(len(dests))
             dests = [(i, dests[i])]
-            extent: list[Any] = [[], []]
+            extent: list[Any] = _NO_EXTENT
         else:
             extent = mesh._extent_wire()
         port_spec: list[Any] | None
@@ -164,44 +179,44 @@ class ActorEndpoint(Generic[R]):
             sent.append(address)
         return sent
 
-    def _once(self, args: tuple, kwargs: dict, selection: Selection) -> Future[R]:
-        collector = OnceCollector()
+    def _collect(self, collector: PortHandler, args: tuple, kwargs: dict, selection: Selection = "all") -> None:
+        """Send with ``collector`` as the reply port; a known-failed mesh fails it at once."""
+        collector.label = f"{self._mesh._mesh_name}.{self._name}"
         try:
+            self._mesh._check_usable(self._name)
             collector.expect_from(self._send(args, kwargs, selection=selection, reply=collector))
+        except SupervisionError as e:
+            collector.fail(e)
         except BaseException:
             collector.close()
             raise
-        return collector.future
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         n = len(self._mesh)
         if n != 1:
             raise ValueError(f"call_one requires exactly 1 actor, but mesh has {n}")
-        return self._once(args, kwargs, "all")
+        collector = OnceCollector()
+        self._collect(collector, args, kwargs)
+        return collector.future
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
-        return self._once(args, kwargs, "choose")
+        collector = OnceCollector()
+        self._collect(collector, args, kwargs, "choose")
+        return collector.future
 
     def call(self, *args: Any, **kwargs: Any) -> "Future[Any]":
         mesh = self._mesh
         collector = GatherCollector(mesh._shape_renumbered(), len(mesh))
-        try:
-            collector.expect_from(self._send(args, kwargs, reply=collector))
-        except BaseException:
-            collector.close()
-            raise
+        self._collect(collector, args, kwargs)
         return collector.future
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         collector = StreamCollector(len(self._mesh))
-        try:
-            collector.expect_from(self._send(args, kwargs, reply=collector))
-        except BaseException:
-            collector.close()
-            raise
+        self._collect(collector, args, kwargs)
         return iter(collector.futures)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        self._mesh._check_usable(self._name)
         self._send(args, kwargs)
 
     def rref(self, *args: Any, **kwargs: Any) -> Any:

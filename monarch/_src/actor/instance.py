@@ -38,7 +38,7 @@ from monarch._src.wire import payload
 
 logger = logging.getLogger("monarch.actor")
 
-_INIT, _MESSAGE, _STOP = 0, 1, 2
+_INIT, _MESSAGE, _STOP, _SUPERVISE = 0, 1, 2, 3
 
 
 class CreatorInstance:
@@ -72,8 +72,11 @@ class ActorInstance:
         rank: Point,
         proc_addresses: tuple[str, ...],
         creator: CreatorInstance | None,
+        owner: tuple[str, str] | None = None,
     ) -> None:
         self.key = key
+        #: (process address, actor key) of the actor that spawned this mesh: its supervisor.
+        self.owner = owner
         self.name = name
         self._cls = cls
         self.rank = rank
@@ -169,6 +172,13 @@ class ActorInstance:
                 self._handle_sync(header, bodies)
             elif kind == _INIT:
                 self._construct(bodies)
+            elif kind == _SUPERVISE:
+                try:
+                    handled = self.actor.__supervise__(header)
+                except Exception as e:
+                    self._supervise_raised(header, e)
+                else:
+                    self._supervised(header, handled)
             else:
                 self._stop_sync(header)
                 return
@@ -190,6 +200,15 @@ class ActorInstance:
                 await self._handle_async(header, bodies)
             elif kind == _INIT:
                 self._construct(bodies)
+            elif kind == _SUPERVISE:
+                try:
+                    handled = self.actor.__supervise__(header)
+                    if inspect.isawaitable(handled):
+                        handled = await handled
+                except Exception as e:
+                    self._supervise_raised(header, e)
+                else:
+                    self._supervised(header, handled)
             else:
                 await self._stop_async(header)
                 return
@@ -247,6 +266,8 @@ class ActorInstance:
             self._endpoint_raised(header["e"], e, reply, explicit)
         except BaseException as e:
             self._fail(e, f"endpoint {header['e']}")
+            if reply is not None:
+                reply.exception(self._unavailable_error(header["e"]))
         else:
             self._reply(reply, explicit, header["e"], result)
 
@@ -276,6 +297,8 @@ class ActorInstance:
             raise
         except BaseException as e:
             self._fail(e, f"endpoint {name}")
+            if reply is not None:
+                reply.exception(self._unavailable_error(name))
         else:
             self._reply(reply, explicit, name, result)
 
@@ -294,8 +317,11 @@ class ActorInstance:
             # Nobody is waiting for this result (broadcast, or an explicit-port endpoint):
             # the failure must go to the supervision tree instead of vanishing.
             self._fail(e, f"endpoint {name}")
+            if reply is not None:
+                reply.exception(self._unavailable_error(name))
 
     def _reply_error(self, reply: Port[Any], name: str, e: BaseException) -> None:
+        _drop_runtime_frames(e)
         message = f"Actor call {self.name}.{name} failed."
         err = ActorError(e, message)
         try:
@@ -309,11 +335,49 @@ class ActorInstance:
         return SupervisionError(f"Endpoint call {self.name}.{endpoint}() failed, the actor has been stopped")
 
     def _fail(self, e: BaseException, during: str) -> None:
-        from monarch._src.actor.supervision import report_actor_failure
+        _drop_runtime_frames(e)
+        self._failed(f"{during} raised:\n{format_remote_exception(e)}")
 
-        detail = format_remote_exception(e)
-        self.failure = f"The actor {self} and all its descendants have failed: {during} raised:\n{detail}"
-        report_actor_failure(self, self.failure)
+    def _failed(self, what: str) -> None:
+        from monarch._src.actor.supervision import actor_failed
+
+        if self.failure is not None:
+            return
+        self.failure = f"The actor {self} and all its descendants have failed: {what}"
+        actor_failed(self, self.failure)
+
+    # -- supervising the meshes this actor owns ---------------------------------------------
+
+    def supervise(self, failure: Any) -> None:
+        """A mesh this actor owns failed: ``__supervise__`` decides, else this actor fails."""
+        from monarch._src.actor.supervision import root_unhandled
+
+        if self._cls is None:
+            root_unhandled(failure)
+        elif self.failure is None and getattr(self.actor, "__supervise__", None) is not None:
+            self.put((_SUPERVISE, failure, None))
+        else:
+            self._supervised(failure, False)
+
+    def _supervised(self, failure: Any, handled: Any) -> None:
+        if not handled:
+            self._failed(f"a mesh it owns failed and was not handled: {failure.report()}")
+
+    def _supervise_raised(self, failure: Any, e: Exception) -> None:
+        self._failed(
+            f"__supervise__ raised:\n{format_remote_exception(e)}\n"
+            f"This error occurred while handling another failure:\n{failure.report()}"
+        )
+
+    def stop(self, reason: str | None = None) -> None:
+        """Stop this actor after the messages already queued (graceful self-stop)."""
+        self.put((_STOP, None, None))
+
+    def abort(self, reason: str | None = None) -> None:
+        """Fail this actor now; the failure goes to its owner."""
+        self._failed(f"aborted: {reason if reason is not None else 'no reason provided'}")
+
+    kill = abort
 
     # -- stopping ---------------------------------------------------------------------------
 
@@ -340,11 +404,26 @@ class ActorInstance:
         self._stopped(header)
 
     def _stopped(self, header: dict | None) -> None:
+        from monarch._src.actor.supervision import actor_stopped
+
         self.stopped = True
         this_proc_state.unregister_actor(self.key)
+        actor_stopped(self)
         spec = header.get("p") if header else None
         if spec:
             Port(spec[0], spec[1], header.get("r")).send(None)  # type: ignore[union-attr]
+        done = header.get("done") if header else None
+        if done is not None:
+            done()
+
+
+def _drop_runtime_frames(e: BaseException) -> None:
+    """Start the remote traceback at the user's code, not at the dispatcher calling it."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    if tb is not None:
+        e.__traceback__ = tb
 
 
 async def _await(aw: Any) -> Any:
@@ -370,6 +449,7 @@ def handle_spawn(header: dict, bodies: list) -> None:
         rank=Point(header["r"], extent_of(labels, sizes)),
         proc_addresses=tuple(header["a"]),
         creator=CreatorInstance(*creator) if creator else None,
+        owner=tuple(header["o"]) if header.get("o") else None,  # type: ignore[arg-type]
     )
     this_proc_state.register_actor(inst)
     if header.get("boot"):
@@ -401,6 +481,32 @@ def handle_stop_actor(header: dict, bodies: list) -> None:
             Port(spec[0], spec[1], header.get("r")).send(None)
         return
     inst.put((_STOP, header, bodies))
+
+
+#: Seconds a stopping process gives its actors' ``__cleanup__`` before it exits anyway.
+CLEANUP_TIMEOUT_S = 3.0
+
+
+def handle_stop_proc(header: dict, bodies: list) -> None:
+    """Stop every actor of this process (each reports itself stopped), then exit."""
+    insts = this_proc_state.all_actors()
+    if not insts:
+        this_proc_state.request_process_exit()
+        return
+    remaining = [len(insts)]
+    lock = threading.Lock()
+
+    def one_done() -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            this_proc_state.request_process_exit()
+
+    rt = runtime()
+    rt.loop_thread.call_soon(rt.loop.call_later, CLEANUP_TIMEOUT_S, this_proc_state.request_process_exit)
+    for inst in insts:
+        inst.put((_STOP, {"done": one_done}, None))
 
 
 _root: ActorInstance | None = None

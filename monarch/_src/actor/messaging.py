@@ -25,6 +25,7 @@ def send(
         raise TypeError(f"send() needs an endpoint of a spawned mesh (mesh.method), got {endpoint!r}")
     if selection not in ("all", "choose"):
         raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
+    endpoint._mesh._check_usable(endpoint._name)
     endpoint._send(tuple(args), dict(kwargs), port=port, selection=selection)
 
 

@@ -39,6 +39,8 @@ class PortHandler:
     """Receives the messages sent to one port id."""
 
     port_id: int = 0
+    #: What the caller is waiting for, for error messages ("mesh.endpoint").
+    label: str = "port"
 
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
         raise NotImplementedError
@@ -55,10 +57,19 @@ class PortHandler:
         _handlers.pop(self.port_id, None)
 
     def expect_from(self, addresses: Iterable[str]) -> None:
+        """Fail this handler if a process it waits on dies (at once if one already has)."""
+        from monarch._src.actor.supervision import dead_report
+
         self._addresses = set(addresses)
         with _waiting_lock:
             for a in self._addresses:
                 _waiting_on[a].add(self)
+        for a in self._addresses:
+            report = dead_report(a)
+            if report is not None:
+                self.stop_expecting()
+                self.fail(SupervisionError(f"Endpoint call {self.label}() failed, {report}"))
+                return
 
     def stop_expecting(self) -> None:
         addresses = getattr(self, "_addresses", ())
@@ -192,7 +203,3 @@ class Channel(Generic[R]):
     def open_ranked(once: bool = False) -> tuple[Port[R], PortReceiver[tuple[int, R]]]:
         receiver: PortReceiver[Any] = PortReceiver(ranked=True)
         return Port(runtime().address, receiver.port_id, None, once), receiver
-
-
-def supervision_error_for(endpoint: str, address: str, reason: str) -> SupervisionError:
-    return SupervisionError(f"Endpoint call {endpoint}() failed, the process {address} {reason}")

@@ -23,6 +23,7 @@ SPAWN_KIND = 2
 PORT_KIND = 3
 STOP_ACTOR_KIND = 4
 STOP_PROC_KIND = 5
+SUPERVISION_KIND = 6
 
 #: actor key -> the actor living in this process.
 actors: dict[str, "ActorInstance"] = {}
@@ -37,36 +38,38 @@ def runtime() -> Runtime:
 
 
 def _install(rt: Runtime) -> None:
-    from monarch._src.actor import instance, port
+    from monarch._src.actor import instance, port, supervision
     from monarch._src.actor.future import set_loop_thread_probe
 
     rt.register(MSG_KIND, instance.handle_message)
     rt.register(SPAWN_KIND, instance.handle_spawn)
     rt.register(PORT_KIND, port.handle_port_frame)
     rt.register(STOP_ACTOR_KIND, instance.handle_stop_actor)
-    rt.register(STOP_PROC_KIND, _handle_stop_proc)
-    rt.on_peer_lost(_peer_lost)
+    rt.register(STOP_PROC_KIND, instance.handle_stop_proc)
+    rt.register(SUPERVISION_KIND, supervision.handle_supervision_frame)
+    rt.on_peer_lost(supervision.peer_lost)
     set_loop_thread_probe(lambda: rt.loop_thread.ident)
+    if not _is_worker:
+        supervision.install_sigint_wrapper()
 
 
-def _handle_stop_proc(header: dict, bodies: list) -> None:
+_is_worker = False
+
+
+def request_process_exit() -> None:
     for cb in exit_requested:
         cb()
 
 
 def on_worker_start(config: dict[str, Any]) -> None:
     """Called by the worker bootstrap before its runtime goes live."""
+    global _is_worker
     from monarch._src.runtime import bootstrap
 
+    _is_worker = True
     exit_requested.append(bootstrap.request_exit)
     if config.get("gated"):
         set_proc_ready(False)
-
-
-def _peer_lost(address: str, reason: BaseException) -> None:
-    from monarch._src.actor.port import fail_waiting_on, supervision_error_for
-
-    fail_waiting_on(address, lambda h: supervision_error_for("a", address, f"became unreachable: {reason}"))
 
 
 Runtime.add_start_hook(_install)

@@ -8,6 +8,7 @@ import threading
 import uuid
 from typing import Any, Callable, Protocol, TypeVar
 
+from monarch._src.actor import supervision
 from monarch._src.actor.actor import Actor, validate_actor_class
 from monarch._src.actor.actor_mesh import ActorMesh
 from monarch._src.actor.collectors import GatherCollector
@@ -106,12 +107,15 @@ class ProcMesh(MeshTrait):
         addrs = tuple(self._proc_addresses())
         ext = self._mesh_shape.extent
         wire_extent = [ext.labels, ext.sizes]
-        creator = context().actor_instance.as_creator()
+        spawner = context().actor_instance
+        creator = spawner.as_creator()
         creator_wire = [creator.name, creator.actor_id, creator.description]
         bodies = payload.dumps((Class, args, kwargs))
         rt = runtime()
+        owner = [rt.address, spawner.key]
+        supervision.record_spawn(spawner.key, key, name, addrs)
         for i, address in enumerate(addrs):
-            header = {"k": SPAWN_KIND, "d": key, "n": name, "r": i, "x": wire_extent, "a": addrs, "c": creator_wire}
+            header = {"k": SPAWN_KIND, "d": key, "n": name, "r": i, "x": wire_extent, "a": addrs, "c": creator_wire, "o": owner}
             if extra:
                 header.update(extra)
             rt.send(address, header, bodies)

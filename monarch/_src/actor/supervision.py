@@ -1,20 +1,259 @@
-"""Where actor failures go.
+"""The supervision tree: every actor failure reaches the owner of its mesh.
 
-A failure nobody can receive as an exception (an exception in a ``broadcast`` endpoint, in
-``__init__``, a ``BaseException``) must never vanish. Until the full supervision tree routes
-it to the mesh's owner, it is reported on this process's stderr, which the spawner forwards to
-the client's terminal.
+Whoever calls ``spawn`` owns the new mesh (the client's root actor for top-level meshes).
+A failure (an exception nobody can receive, ``__init__`` raising, a ``BaseException``, the
+process dying) becomes a ``MeshFailure`` for the owner: its ``__supervise__`` may handle it
+(truthy return); otherwise the owner itself fails, and the failure moves one level up. At the
+root, ``monarch.actor.unhandled_fault_hook`` decides; by default the client exits with code 1.
+
+Process deaths are noticed by the spawner (exit status) or, in other processes, by the socket
+closing; each owning process turns them into failures of the meshes it owns on that process.
 """
 
 from __future__ import annotations
 
+import datetime
+import logging
+import os
+import signal
+import socket
 import sys
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, Any
+
+from monarch._src.actor.errors import SupervisionError
+from monarch._src.actor.proc import SUPERVISION_KIND, lookup, runtime
 
 if TYPE_CHECKING:
     from monarch._src.actor.instance import ActorInstance
 
+logger = logging.getLogger("monarch.supervision")
 
-def report_actor_failure(instance: "ActorInstance", report: str) -> None:
-    sys.stderr.write(f"monarch: actor failure: {report}\n")
+
+class MeshFailure:
+    """A failure of one or more ranks of a mesh, as delivered to ``__supervise__``."""
+
+    def __init__(self, mesh_name: str, crashed_ranks: list[int], report: str) -> None:
+        self.mesh_name = mesh_name
+        self.crashed_ranks = crashed_ranks
+        self.mesh = None
+        self._report = report
+
+    def report(self) -> str:
+        return self._report
+
+    def __repr__(self) -> str:
+        return f"MeshFailure(mesh_name={self.mesh_name}, crashed_ranks={self.crashed_ranks}, event={self._report})"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:
+        raise TypeError("MeshFailure is not picklable; send str(failure) or failure.report() instead")
+
+
+def unhandled_fault_hook(failure: MeshFailure) -> None:
+    """Default: a failure nobody handled ends the client (exit code 1, atexit handlers run)."""
+    sys.exit(1)
+
+
+class _OwnedMesh:
+    __slots__ = ("name", "addresses", "owner_key", "done")
+
+    def __init__(self, name: str, addresses: tuple[str, ...], owner_key: str) -> None:
+        self.name = name
+        self.addresses = addresses
+        self.owner_key = owner_key
+        #: ranks already reported failed or stopped: each is reported at most once.
+        self.done: set[int] = set()
+
+
+_lock = threading.RLock()
+#: mesh key -> meshes spawned by an actor (or the root) of this process.
+_owned: dict[str, _OwnedMesh] = {}
+#: mesh key -> {address: report} for failed ranks; mesh key -> reason for stopped meshes.
+_failed: dict[str, dict[str, str]] = {}
+_stopped: dict[str, str] = {}
+#: process addresses known dead -> report; calls to them fail at once.
+_dead: dict[str, str] = {}
+#: addresses of processes spawned here: their spawner reports their exit, with the reason.
+locally_spawned: set[str] = set()
+
+
+def record_spawn(owner_key: str, mesh_key: str, name: str, addresses: tuple[str, ...]) -> None:
+    with _lock:
+        _owned[mesh_key] = _OwnedMesh(name, addresses, owner_key)
+        dead = [(i, _dead[a]) for i, a in enumerate(addresses) if a in _dead]
+    for rank, report in dead:
+        _deliver(mesh_key, rank, report)
+
+
+def mesh_error(mesh_key: str, mesh_name: str, endpoint: str, addresses: list[str]) -> SupervisionError | None:
+    """Why a call on these ranks of a mesh must fail at once (or None if it may proceed)."""
+    if mesh_key in _stopped:
+        return SupervisionError(f"Endpoint call {mesh_name}.{endpoint}() failed, actor mesh {mesh_name} has been stopped")
+    failed = _failed.get(mesh_key)
+    for a in addresses:
+        report = (failed and failed.get(a)) or _dead.get(a)
+        if report:
+            return SupervisionError(f"Endpoint call {mesh_name}.{endpoint}() failed, {report}")
+    return None
+
+
+def mark_stopped(mesh_key: str, reason: str) -> None:
+    _stopped[mesh_key] = reason
+
+
+def dead_report(address: str) -> str | None:
+    return _dead.get(address)
+
+
+# -- the failing side ---------------------------------------------------------------------------
+
+
+def actor_failed(inst: "ActorInstance", report: str) -> None:
+    """Tell the owner of ``inst``'s mesh that this rank failed."""
+    _notify_owner(inst, report, stopped=False)
+
+
+def actor_stopped(inst: "ActorInstance") -> None:
+    _notify_owner(inst, "stopped", stopped=True)
+
+
+def _notify_owner(inst: "ActorInstance", report: str, stopped: bool) -> None:
+    owner = inst.owner
+    if owner is None:
+        return
+    header = {"k": SUPERVISION_KIND, "d": owner[1], "m": inst.key, "n": inst.name, "r": inst.rank.rank, "t": report}
+    if stopped:
+        header["s"] = 1
+    try:
+        runtime().send(owner[0], header, [])
+    except Exception:
+        logger.exception("could not report a failure to the owner at %s", owner[0])
+        sys.stderr.write(f"monarch: {report}\n")
+
+
+def handle_supervision_frame(header: dict, bodies: list) -> None:
+    mesh_key, rank = header["m"], header["r"]
+    if header.get("s"):
+        with _lock:
+            owned = _owned.get(mesh_key)
+            if owned is not None:
+                owned.done.add(rank)
+        return
+    _deliver(mesh_key, rank, header["t"], header.get("n"), header.get("d"))
+
+
+def process_exited(address: str, how: str) -> None:
+    """The process at ``address`` is gone: fail pending calls and report owned ranks there."""
+    from monarch._src.actor.port import fail_waiting_on
+
+    report = f"the process {address} this actor was running on failed: {how}"
+    with _lock:
+        if address in _dead:
+            return
+        _dead[address] = report
+        hits = [(key, i) for key, m in _owned.items() for i, a in enumerate(m.addresses) if a == address]
+    fail_waiting_on(address, lambda h: SupervisionError(f"Endpoint call {h.label}() failed, {report}"))
+    for key, rank in hits:
+        m = _owned.get(key)
+        name = m.name if m else key
+        _deliver(key, rank, f"The actor {name}[{rank}] and all its descendants have failed: {report}")
+
+
+def peer_lost(address: str, reason: BaseException) -> None:
+    if address in locally_spawned:
+        return  # the spawner's exit watch reports it, with the exit status
+    process_exited(address, f"became unreachable ({reason})")
+
+
+# -- the owning side ------------------------------------------------------------------------------
+
+
+def _deliver(mesh_key: str, rank: int, report: str, name: str | None = None, owner_key: str | None = None) -> None:
+    with _lock:
+        owned = _owned.get(mesh_key)
+        if owned is not None:
+            if rank in owned.done:
+                return
+            owned.done.add(rank)
+            name, owner_key = owned.name, owned.owner_key
+            _failed.setdefault(mesh_key, {})[owned.addresses[rank]] = report
+    failure = MeshFailure(name or mesh_key, [rank], report)
+    owner = lookup(owner_key) if owner_key and owner_key != "root" else None
+    if owner is not None and not owner.stopped:
+        owner.supervise(failure)
+    elif owner_key == "root" or owner_key is None or _is_root_process():
+        root_unhandled(failure)
+    else:
+        sys.stderr.write(f"monarch: failure of a mesh whose owner is gone: {report}\n")
+
+
+def _is_root_process() -> bool:
+    return not os.environ.get("MONARCH_ROOT_ADDRESS")
+
+
+_hook_lock = threading.Lock()
+_fault_exit_pending = False
+
+
+def root_unhandled(failure: MeshFailure) -> None:
+    """A failure reached the client's root: run ``monarch.actor.unhandled_fault_hook``."""
+    public = sys.modules.get("monarch.actor")
+    hook = getattr(public, "unhandled_fault_hook", unhandled_fault_hook)
+    with _hook_lock:
+        try:
+            hook(failure)
+            return
+        except BaseException:  # noqa: B036 - raising (SystemExit included) means unhandled
+            pass
+    _exit_client(failure)
+
+
+def _exit_client(failure: MeshFailure) -> None:
+    global _fault_exit_pending
+    now = datetime.datetime.now().isoformat(sep=" ", timespec="seconds")
+    sys.stderr.write(
+        f"Unhandled monarch error on the root actor, hostname={socket.gethostname()}, "
+        f"PID={os.getpid()} at time {now}:\n{failure.report()}\n"
+    )
     sys.stderr.flush()
+    _fault_exit_pending = True
+    if _sigint_wrapper_installed:
+        os.kill(os.getpid(), signal.SIGINT)
+    else:
+        import _thread
+
+        _thread.interrupt_main()
+
+
+_sigint_wrapper_installed = False
+
+
+def install_sigint_wrapper() -> None:
+    """Let an unhandled fault end the main thread with SystemExit(1) (exit code 1, atexit runs).
+
+    Only the main thread can install a signal handler; the previous handler keeps serving
+    every ordinary Ctrl-C.
+    """
+    global _sigint_wrapper_installed
+    if _sigint_wrapper_installed or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> Any:
+        global _fault_exit_pending
+        if _fault_exit_pending:
+            _fault_exit_pending = False
+            raise SystemExit(1)
+        if previous == signal.SIG_IGN:
+            return None
+        if callable(previous):
+            return previous(signum, frame)
+        raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:
+        return
+    _sigint_wrapper_installed = True

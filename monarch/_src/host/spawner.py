@@ -18,7 +18,7 @@ import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 from monarch._src.actor.future import Future
-from monarch._src.actor.port import fail_waiting_on, supervision_error_for
+from monarch._src.actor import supervision
 from monarch._src.actor.proc import STOP_PROC_KIND, runtime
 from monarch._src.runtime.bootstrap import BOOTSTRAP_ENV
 from monarch._src.runtime.runtime import ADDRESS_PREFIX, bind_unix_socket
@@ -96,6 +96,7 @@ class ProcGroup:
             os.close(death_r)
         self.procs.append(proc)
         self.addresses.append(ADDRESS_PREFIX + path)
+        supervision.locally_spawned.add(ADDRESS_PREFIX + path)
         self.returncodes.append(None)
         self._death_pipes.append(death_w)
         fut: Future[int] = Future._new()
@@ -127,13 +128,14 @@ class ProcGroup:
             pass
         address = self.addresses[rank]
         how = describe_exit(code)
-        fail_waiting_on(address, lambda h: supervision_error_for("a", address, f"(rank {rank} of {self.name}) {how}"))
-        if not self._stop_requested:
-            for cb in list(self.on_exit):
-                try:
-                    cb(rank, how, code)
-                except Exception:
-                    logger.exception("exit callback failed")
+        # After a requested stop the actors have reported themselves stopped, so this only
+        # fails what still waits on the process.
+        supervision.process_exited(address, f"process {rank} of {self.name} {how}")
+        for cb in list(self.on_exit):
+            try:
+                cb(rank, how, code)
+            except Exception:
+                logger.exception("exit callback failed")
         self._exit_futures[rank]._set_result(code)
 
     @property

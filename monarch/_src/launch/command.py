@@ -123,11 +123,15 @@ class WorkerCommand:
         ``python script.py`` puts the script's real directory (symlinks
         resolved) first; ``python -m`` puts the working directory.
         ``runpy.run_path`` does not touch ``sys.path`` for a plain file.
+
+        :param cwd: the worker's working directory (a relative script path is
+            resolved against it); ``None`` = this process's.
         """
+        base = os.getcwd() if cwd is None else cwd
         if self.kind is EntryKind.SCRIPT:
-            return os.path.dirname(os.path.realpath(self.target))
+            return os.path.dirname(os.path.realpath(os.path.join(base, self.target)))
         if self.kind is EntryKind.MODULE:
-            return os.getcwd() if cwd is None else cwd
+            return base
         return None
 
     def run(self) -> None:

@@ -24,7 +24,8 @@ from typing import Any, Callable, ClassVar
 from monarch._src.runtime.config import CONFIG
 from monarch._src.runtime.loop_thread import LoopThread
 from monarch._src.transport import auth
-from monarch._src.transport.connection import FramedConnection
+from monarch._src.transport.connection import IncomingConnection
+from monarch._src.transport.outgoing import OutgoingConnection
 from monarch._src.wire.frame import encode_frame
 
 logger = logging.getLogger("monarch.runtime")
@@ -81,8 +82,9 @@ class Runtime:
             listen_sock = bind_unix_socket(self.new_socket_path())
         self.address = ADDRESS_PREFIX + listen_sock.getsockname()
         self._handlers: dict[int, Handler] = {}
-        self._conns: dict[str, FramedConnection] = {}
-        self._incoming: set[FramedConnection] = set()
+        self._conns: dict[str, OutgoingConnection] = {}
+        self._conns_lock = threading.Lock()
+        self._incoming: set[IncomingConnection] = set()
         self._peer_lost: list[PeerLostCallback] = []
         self.closed = False
         self.loop_thread = LoopThread()
@@ -164,12 +166,6 @@ class Runtime:
         if self.closed:
             raise RuntimeError("the monarch runtime of this process has been shut down")
         buffers = encode_frame(header, bodies, self.max_frame_bytes)
-        if threading.get_ident() == self.loop_thread.ident:
-            self._send_now(address, buffers)
-        else:
-            self.loop.call_soon_threadsafe(self._send_now, address, buffers)
-
-    def _send_now(self, address: str, buffers: list) -> None:
         conn = self._conns.get(address)
         if conn is None or conn.closed:
             conn = self._connect(address)
@@ -178,29 +174,26 @@ class Runtime:
         except ConnectionError as e:
             logger.debug("send to %s failed: %s", address, e)
 
-    def _connect(self, address: str) -> FramedConnection:
-        conn = FramedConnection(
-            is_server=False,
-            secret=self.secret,
-            max_frame_bytes=self.max_frame_bytes,
-            on_frame=self.dispatch,
-            on_close=lambda c, reason: self._outgoing_closed(address, c, reason),
-            name=f"->{address}",
-        )
-        self._conns[address] = conn
-
-        async def open_connection() -> None:
-            try:
-                await self.loop.create_unix_connection(lambda: conn, socket_path(address))
-            except OSError as e:
-                conn.abort(ConnectionRefusedError(f"cannot connect to {address}: {e}"))
-
-        self.loop.create_task(open_connection())
+    def _connect(self, address: str) -> OutgoingConnection:
+        with self._conns_lock:
+            conn = self._conns.get(address)
+            if conn is not None and not conn.closed:
+                return conn
+            conn = OutgoingConnection(
+                self.loop,
+                socket_path(address),
+                self.secret,
+                on_close=lambda c, reason: self._outgoing_closed(address, c, reason),
+                name=address,
+            )
+            self._conns[address] = conn
+        self.loop_thread.call_soon(self.loop.create_task, conn.connect())
         return conn
 
-    def _outgoing_closed(self, address: str, conn: FramedConnection, reason: BaseException) -> None:
-        if self._conns.get(address) is conn:
-            del self._conns[address]
+    def _outgoing_closed(self, address: str, conn: OutgoingConnection, reason: BaseException) -> None:
+        with self._conns_lock:
+            if self._conns.get(address) is conn:
+                del self._conns[address]
         if self.closed:
             return
         for cb in list(self._peer_lost):
@@ -210,9 +203,8 @@ class Runtime:
                 logger.exception("peer-lost callback failed")
 
     async def _listen(self, sock: socket.socket) -> asyncio.AbstractServer:
-        def factory() -> FramedConnection:
-            conn = FramedConnection(
-                is_server=True,
+        def factory() -> IncomingConnection:
+            conn = IncomingConnection(
                 secret=self.secret,
                 max_frame_bytes=self.max_frame_bytes,
                 on_frame=self.dispatch,

@@ -1,4 +1,7 @@
-"""A framed, authenticated stream connection as an asyncio ``BufferedProtocol``.
+"""The receiving side of a connection: authenticates the peer, then decodes its frames.
+
+An asyncio ``BufferedProtocol`` (the sending side is ``outgoing``; each process sends to a peer
+on a connection of its own and receives on the peer's).
 
 Reading uses a scratch buffer for small data and hands the event loop the frame body's final
 buffer for large bodies, so a 64 MiB array is read from the socket straight into the memory the
@@ -30,10 +33,7 @@ SCRATCH_BYTES = 256 * 1024
 #: A body at least this large is read directly into its own buffer.
 DIRECT_READ_BYTES = 64 * 1024
 #: An unauthenticated peer is dropped after this long (defends the listener).
-SERVER_HANDSHAKE_TIMEOUT_S = 10.0
-#: Connecting to a process that is still starting (its socket is bound before its interpreter
-#: runs) can take long on a loaded machine; a process that dies is reported by its spawner.
-CLIENT_HANDSHAKE_TIMEOUT_S = 120.0
+HANDSHAKE_TIMEOUT_S = 10.0
 
 FrameHandler = Callable[[dict, list], None]
 
@@ -44,71 +44,51 @@ _HEADER = 2
 _BODY = 3
 
 
-class FramedConnection(asyncio.BufferedProtocol):
-    """One side of a connection. ``is_server`` selects the handshake role."""
+class IncomingConnection(asyncio.BufferedProtocol):
+    """A connection accepted by this process's listener."""
 
     def __init__(
         self,
         *,
-        is_server: bool,
         secret: bytes,
         max_frame_bytes: int,
         on_frame: FrameHandler,
-        on_close: Callable[["FramedConnection", Optional[BaseException]], None] | None = None,
-        on_ready: Callable[["FramedConnection"], None] | None = None,
+        on_close: Callable[["IncomingConnection", Optional[BaseException]], None] | None = None,
         name: str = "",
     ) -> None:
-        self.is_server = is_server
         self.name = name
         self._secret = secret
         self._max_frame = max_frame_bytes
         self._on_frame = on_frame
         self._on_close = on_close
-        self._on_ready = on_ready
         self.transport: asyncio.Transport | None = None
         self.authenticated = False
         self.closed = False
         self.close_reason: BaseException | None = None
-        self._pending: list[Any] = []
         self._buf = bytearray(SCRATCH_BYTES)
         self._start = 0
         self._end = 0
         self._target: bytearray | None = None
         self._target_pos = 0
         self._state = _AUTH
-        self._need = auth.CLIENT_PROOF_BYTES if is_server else auth.CHALLENGE_BYTES
+        self._need = auth.CLIENT_PROOF_BYTES
         self._nonce_s = b""
-        self._nonce_c = b""
         self._header: dict[str, Any] = {}
         self._lengths: list[int] = []
         self._bodies: list[Any] = []
         self._handshake_timer: asyncio.TimerHandle | None = None
-        self._paused = False
-        self._drain_waiters: list[asyncio.Future[None]] = []
 
     # -- asyncio callbacks ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         loop = asyncio.get_running_loop()
-        timeout = SERVER_HANDSHAKE_TIMEOUT_S if self.is_server else CLIENT_HANDSHAKE_TIMEOUT_S
-        self._handshake_timer = loop.call_later(timeout, self._handshake_timeout, timeout)
-        if self.is_server:
-            self._nonce_s = auth.new_nonce()
-            self.transport.write(auth.challenge(self._nonce_s))
+        self._handshake_timer = loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
+        self._nonce_s = auth.new_nonce()
+        self.transport.write(auth.challenge(self._nonce_s))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed(exc or ConnectionResetError(f"connection {self.name} closed by peer"))
-
-    def pause_writing(self) -> None:
-        self._paused = True
-
-    def resume_writing(self) -> None:
-        self._paused = False
-        waiters, self._drain_waiters = self._drain_waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._target is not None:
@@ -134,23 +114,6 @@ class FramedConnection(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         return False
 
-    # -- sending ----------------------------------------------------------------------------
-
-    def send(self, buffers: list[Any]) -> None:
-        """Queue a frame's buffers; called on the loop thread only."""
-        if self.closed:
-            raise ConnectionResetError(f"connection {self.name} is closed: {self.close_reason}")
-        if self.authenticated:
-            self.transport.writelines(buffers)  # type: ignore[union-attr]
-        else:
-            self._pending.extend(buffers)
-
-    async def drain(self) -> None:
-        if self._paused and not self.closed:
-            fut = asyncio.get_running_loop().create_future()
-            self._drain_waiters.append(fut)
-            await fut
-
     def abort(self, reason: BaseException) -> None:
         if not self.closed:
             logger.warning("closing connection %s: %s", self.name, reason)
@@ -169,16 +132,14 @@ class FramedConnection(asyncio.BufferedProtocol):
             return
         self.closed = True
         self.close_reason = reason
-        self._pending = []
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
-        self.resume_writing()
         if self._on_close is not None:
             self._on_close(self, reason)
 
-    def _handshake_timeout(self, timeout: float) -> None:
+    def _handshake_timeout(self) -> None:
         if not self.authenticated:
-            self.abort(auth.HandshakeError(f"handshake not completed within {timeout}s"))
+            self.abort(auth.HandshakeError(f"handshake not completed within {HANDSHAKE_TIMEOUT_S}s"))
 
     def _compact(self) -> None:
         live = self._end - self._start
@@ -250,27 +211,9 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._on_frame(header, bodies)
 
     def _auth_step(self, data: bytes) -> None:
-        if self.is_server:
-            if not self._nonce_c:
-                self._nonce_c = auth.check_client_proof(self._secret, self._nonce_s, data)
-                self.transport.write(auth.server_proof(self._secret, self._nonce_c, self._nonce_s))  # type: ignore[union-attr]
-                self._authenticated()
-        elif not self._nonce_s:
-            self._nonce_s = auth.parse_challenge(data)
-            self._nonce_c = auth.new_nonce()
-            self.transport.write(auth.client_proof(self._secret, self._nonce_s, self._nonce_c))  # type: ignore[union-attr]
-            self._need = auth.SERVER_PROOF_BYTES
-        else:
-            auth.check_server_proof(self._secret, self._nonce_c, self._nonce_s, data)
-            self._authenticated()
-
-    def _authenticated(self) -> None:
+        nonce_c = auth.check_client_proof(self._secret, self._nonce_s, data)
+        self.transport.write(auth.server_proof(self._secret, nonce_c, self._nonce_s))  # type: ignore[union-attr]
         self.authenticated = True
         self._state, self._need = _PREFIX, PREFIX_SIZE
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
-        if self._pending:
-            pending, self._pending = self._pending, []
-            self.transport.writelines(pending)  # type: ignore[union-attr]
-        if self._on_ready is not None:
-            self._on_ready(self)

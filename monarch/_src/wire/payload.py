@@ -65,8 +65,29 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
+_SCALARS = frozenset({int, float, str, bool, type(None), complex})
+
+
+def _is_plain(obj: Any, depth: int = 0) -> bool:
+    """Whether the C pickler alone gives the same result as cloudpickle (small builtins only)."""
+    t = type(obj)
+    if t in _SCALARS:
+        return True
+    if t is bytes:
+        return len(obj) < OUT_OF_BAND_THRESHOLD
+    if depth > 2:
+        return False
+    if t is tuple or t is list:
+        return len(obj) <= 16 and all(_is_plain(x, depth + 1) for x in obj)
+    if t is dict:
+        return len(obj) <= 16 and all(type(k) is str and _is_plain(v, depth + 1) for k, v in obj.items())
+    return False
+
+
 def dumps(obj: Any) -> list[Any]:
     """Serialize ``obj`` into ``[stream, *out_of_band_buffers]`` without copying large buffers."""
+    if _is_plain(obj):  # the common small message: skip cloudpickle's per-call setup
+        return [pickle.dumps(obj, 5)]
     buffers: list[Any] = []
 
     def keep(buf: pickle.PickleBuffer) -> bool:
