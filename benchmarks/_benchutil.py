@@ -80,9 +80,14 @@ def import_time_samples(module_stmt: str, n: int) -> List[float]:
         env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(cwd, "pycache"))
         def t(code: str) -> float:
             s = time.perf_counter()
-            subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            return time.perf_counter() - s
+            r = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            dt = time.perf_counter() - s
+            if r.returncode != 0:
+                err = r.stderr.decode(errors="replace").strip().splitlines()
+                raise RuntimeError(f"`python -c {code!r}` exited {r.returncode}: "
+                                   + (err[-1] if err else "(no stderr)"))
+            return dt
         t("pass")
         t(module_stmt)  # warm the page cache / bytecode cache
         for _ in range(n):

@@ -77,9 +77,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--loop-s", type=float, default=None, help="seconds per call-loop round (default 1.0, quick 0.4)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per benchmark subprocess (default 300, quick 180)")
-    p.add_argument("--metric-timeout", type=float, default=90.0,
+    p.add_argument("--metric-timeout", type=float, default=None,
                    help="per-metric hang limit inside a benchmark (it then exits and is restarted "
-                        "for the remaining metrics)")
+                        "for the remaining metrics; default 90, quick 45)")
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
     p.add_argument("--metrics", default=None, help="comma-separated subset of metric keys")
     p.add_argument("--out-dir", default=os.path.join(HERE, "out"))
@@ -87,6 +87,7 @@ def parse_args() -> argparse.Namespace:
     a.passes = a.passes or (1 if a.quick else 3)
     a.rounds = a.rounds or 2
     a.loop_s = a.loop_s or (0.4 if a.quick else 1.0)
+    a.metric_timeout = a.metric_timeout or (45.0 if a.quick else 90.0)
     a.timeout = a.timeout or (180.0 if a.quick else 300.0)
     return a
 

@@ -1,7 +1,7 @@
 """Monarch's getting-started guide, run against monarch-aio, in the guide's order.
 
-Sections that later work covers (Multiple Hosts, Logging, supervision, RDMA, distributed
-tensors, remote functions) are left out; where a later section needs a name they defined
+Sections that later work covers (Multiple Hosts, Logging, RDMA, distributed tensors, remote
+functions) are left out; where a later section needs a name they defined
 (``trainer_procs``), a one-line stand-in on this host takes its place.
 
 Run: python examples/getting_started.py
@@ -83,6 +83,76 @@ dataloaders = trainer_procs.spawn("dataloader", DataLoader)
 dtrainers = trainer_procs.spawn("dtrainers", Trainer, dataloaders)
 
 print(dtrainers.step.call().get())
+
+# --- The Supervision Tree ---------------------------------------------------------------------
+
+
+class Errorful(Actor):
+    @endpoint
+    def say_hello(self):
+        raise Exception("I don't want to")
+
+
+e = this_proc().spawn("errorful", Errorful)
+try:
+    e.say_hello.call_one().get()
+except Exception:
+    print("It didn't say hello")
+
+# --- Broadcasting Without Response -------------------------------------------------------------
+if False:
+    e.say_hello.broadcast()  # do not expect a response
+
+# --- Fine-grained Supervision ------------------------------------------------------------------
+from monarch.actor import MeshFailure
+
+
+class SupervisorActor(Actor):
+    def __supervise__(self, failure: MeshFailure):
+        # The failure message will include the id of the actor that failed and
+        # the reason why.
+        print(f"Failure received: {failure}")
+        # Returning a truthy value marks the failure handled: it goes no further up.
+        return True
+
+
+import monarch.actor
+
+
+def my_unhandled_fault_hook(failure: MeshFailure) -> None:
+    # Log it, add metrics, etc.
+    print(f"Mesh failure was not handled: {failure}")
+
+
+monarch.actor.unhandled_fault_hook = my_unhandled_fault_hook
+
+# (monarch-aio addition) see both at work: a supervisor owns a mesh whose broadcast fails, and
+# an unsupervised broadcast failure reaches the replaced hook instead of ending the script.
+
+
+class Parent(SupervisorActor):
+    @endpoint
+    def start_child(self) -> None:
+        self.child = this_proc().spawn("child", Errorful)
+        self.child.say_hello.broadcast()
+        try:  # answered after the failure above was reported to this supervisor
+            self.child.say_hello.call_one().get()
+        except Exception:
+            pass
+
+    @endpoint
+    def ping(self) -> str:
+        return "parent still running"
+
+
+parent = this_proc().spawn("parent", Parent)
+parent.start_child.call_one().get()
+e.say_hello.broadcast()
+try:  # answered after the broadcast's failure reached the hook
+    e.say_hello.call_one().get()
+except Exception:
+    pass
+print(parent.ping.call_one().get())
 
 # --- Actor Context -----------------------------------------------------------------------------
 

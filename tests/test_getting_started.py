@@ -22,6 +22,12 @@ def test_getting_started_example_runs() -> None:
     assert "Process mesh extent: {gpus: 4}" in out
     assert out.count("Step with data <data 1> and input = None") == 4
     assert "Actor rank: {'gpus': 3/4}, message rank: {'gpus': 3/4}" in out
+    # supervision sections
+    assert "It didn't say hello" in out
+    assert "Failure received: MeshFailure(mesh_name=child, crashed_ranks=[0]" in out
+    assert "Mesh failure was not handled: MeshFailure(mesh_name=errorful" in out
+    assert out.index("Failure received") < out.index("parent still running")
+    assert out.index("Mesh failure was not handled") < out.index("parent still running")
     lines = out.splitlines()
     assert "3" in lines  # the value sent through the channel
     assert lines[-2:] == ["inferred with: 1", "inferred with: 1"]

@@ -7,7 +7,7 @@ from typing import Any, Callable, Generic, TypeVar
 from monarch._src.actor.collectors import fold_stream
 from monarch._src.actor.endpoint import ActorEndpoint, Selection
 from monarch._src.actor.future import Future
-from monarch._src.actor.port import Port
+from monarch._src.actor.port import Port, port_receiver
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -26,7 +26,11 @@ def send(
     if selection not in ("all", "choose"):
         raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
     endpoint._mesh._check_usable(endpoint._name)
-    endpoint._send(tuple(args), dict(kwargs), port=port, selection=selection)
+    sent = endpoint._send(tuple(args), dict(kwargs), port=port, selection=selection)
+    receiver = port_receiver(port) if port is not None else None
+    if receiver is not None:  # a receiver here must not wait forever on a sender that died
+        receiver.label = f"{endpoint._mesh._mesh_name}.{endpoint._name}"
+        receiver.expect_from(sent)
 
 
 class Accumulator(Generic[R, A]):

@@ -145,6 +145,14 @@ class Port(Generic[R]):
 DROPPING_PORT: Port[Any] = Port("", 0)
 
 
+def port_receiver(port: Port[Any]) -> "PortReceiver[Any] | None":
+    """The receiver behind ``port`` if it lives in this process."""
+    if port._address != runtime().address:
+        return None
+    handler = _handlers.get(port._port_id)
+    return handler if isinstance(handler, PortReceiver) else None
+
+
 class PortReceiver(PortHandler, Generic[R]):
     """The receiving end of a channel: ``recv()`` returns a Future of the next message."""
 
@@ -154,6 +162,7 @@ class PortReceiver(PortHandler, Generic[R]):
         self._waiters: collections.deque[Future[Any]] = collections.deque()
         self._ranked = ranked
         self._failure: BaseException | None = None
+        self.label = "port"
         self.open()
         weakref.finalize(self, _handlers.pop, self.port_id, None)
 
@@ -166,7 +175,15 @@ class PortReceiver(PortHandler, Generic[R]):
         self._resolve(fut, rank, value, is_exception)
 
     def fail(self, exc: BaseException) -> None:
-        self._failure = exc
+        """A process expected to send here died: pending and later empty receives raise."""
+        with self._lock:
+            self._failure = exc
+            waiters, self._waiters = self._waiters, collections.deque()
+        for fut in waiters:
+            fut._set_exception(exc)
+
+    def expect_from(self, addresses: Iterable[str]) -> None:
+        super().expect_from(set(addresses) | getattr(self, "_addresses", set()))
 
     def _resolve(self, fut: Future[Any], rank: int | None, value: Any, is_exception: bool) -> None:
         if is_exception:
@@ -180,7 +197,10 @@ class PortReceiver(PortHandler, Generic[R]):
         fut: Future[R] = Future._new()
         with self._lock:
             if not self._values:
-                self._waiters.append(fut)
+                if self._failure is not None:
+                    fut._set_exception(self._failure)
+                else:
+                    self._waiters.append(fut)
                 return fut
             rank, value, is_exc = self._values.popleft()
         self._resolve(fut, rank, value, is_exc)

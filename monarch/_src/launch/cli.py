@@ -36,7 +36,6 @@ from typing import Any, NoReturn
 from .config import (
     LaunchConfig,
     LaunchConfigError,
-    Std,
     parse_rdzv_bool,
     parse_std,
     std_to_map,
