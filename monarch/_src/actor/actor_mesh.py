@@ -53,6 +53,9 @@ class ActorMesh(MeshTrait, Generic[T]):
             d = self._dest_cache = [(i, addrs[base]) for i, base in enumerate(self._mesh_shape.ranks())]
         return d
 
+    def _dest_addresses(self) -> list[str]:
+        return [a for _, a in self._destinations()]
+
     def _extent_wire(self) -> list[Any]:
         return self._wire_extent
 
@@ -61,7 +64,7 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     def _check_usable(self, endpoint: str) -> None:
         """Raise SupervisionError if a rank of this (sliced) mesh is known failed or stopped."""
-        err = supervision.mesh_error(self._key, self._mesh_name, endpoint, [a for _, a in self._destinations()])
+        err = supervision.mesh_error(self._key, self._mesh_name, endpoint, self._dest_addresses())
         if err is not None:
             raise err
 

@@ -35,6 +35,20 @@ def extent_of(labels: list[str], sizes: list[int]) -> Extent:
     return ext
 
 
+_points: dict[tuple, Point] = {}
+
+
+def point_of(rank: int, labels: list[str], sizes: list[int]) -> Point:
+    """Interned Point for a message's wire form."""
+    key = (rank, tuple(labels), tuple(sizes))
+    p = _points.get(key)
+    if p is None:
+        if len(_points) > 16384:
+            _points.clear()
+        p = _points[key] = Point(rank, extent_of(labels, sizes))
+    return p
+
+
 class Context:
     """What ``context()`` returns."""
 

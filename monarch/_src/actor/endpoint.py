@@ -27,6 +27,8 @@ Propagator = Any
 
 MSG_KIND = 1
 _NO_EXTENT: list[Any] = [[], []]
+#: The payload of a call without arguments, pickled once.
+_NO_ARGS = payload.dumps(((), {}))
 
 
 class EndpointProperty(Generic[R]):
@@ -156,12 +158,12 @@ class ActorEndpoint(Generic[R]):
         """Send one message per destination; return the destination addresses."""
         self._prop.check_args(args, kwargs)
         mesh = self._mesh
-        bodies = payload.dumps((args, kwargs))
+        bodies = _NO_ARGS if not args and not kwargs else payload.dumps((args, kwargs))
         rt = runtime()
         dests = mesh._destinations()
         if selection == "choose":
             i = random.randrange(len(dests))
-            dests = [(i, dests[i])]
+            dests = [dests[i]]
             extent: list[Any] = _NO_EXTENT
         else:
             extent = mesh._extent_wire()

@@ -26,6 +26,7 @@ from monarch._src.actor.context import (
     current_instance,
     current_message_rank,
     extent_of,
+    point_of,
 )
 from monarch._src.actor.endpoint import EndpointProperty
 from monarch._src.actor.errors import ActorError, RemoteExceptionPlaceholder, SupervisionError, format_remote_exception
@@ -175,7 +176,9 @@ class ActorInstance:
             elif kind == _SUPERVISE:
                 try:
                     handled = self.actor.__supervise__(header)
-                except Exception as e:
+                    if inspect.isawaitable(handled):  # async __supervise__ runs on the loop
+                        handled = asyncio.run_coroutine_threadsafe(_await(handled), runtime().loop).result()
+                except BaseException as e:  # noqa: B036 - reported, never silently lost
                     self._supervise_raised(header, e)
                 else:
                     self._supervised(header, handled)
@@ -205,7 +208,7 @@ class ActorInstance:
                     handled = self.actor.__supervise__(header)
                     if inspect.isawaitable(handled):
                         handled = await handled
-                except Exception as e:
+                except BaseException as e:  # noqa: B036 - reported, never silently lost
                     self._supervise_raised(header, e)
                 else:
                     self._supervised(header, handled)
@@ -231,7 +234,7 @@ class ActorInstance:
         """Decode a message; returns (function, args, kwargs, reply port, explicit_port)."""
         labels, sizes = header["x"]
         r = header["r"]
-        current_message_rank.set(Point(r, extent_of(labels, sizes)) if labels else SINGLETON_POINT)
+        current_message_rank.set(point_of(r, labels, sizes) if labels else SINGLETON_POINT)
         spec = header.get("p")
         reply = Port(spec[0], spec[1], r) if spec else None
         name = header["e"]
@@ -287,7 +290,7 @@ class ActorInstance:
     async def _run_async(self, fn: Callable[..., Any], args: Any, kwargs: Any, reply: Port[Any] | None, explicit: bool, name: str) -> None:
         try:
             result = fn(self.actor, *args, **kwargs)
-            if inspect.isawaitable(result):
+            if type(result) is _coroutine or inspect.isawaitable(result):
                 result = await result
         except Exception as e:
             self._endpoint_raised(name, e, reply, explicit)
@@ -363,7 +366,7 @@ class ActorInstance:
         if not handled:
             self._failed(f"a mesh it owns failed and was not handled: {failure.report()}")
 
-    def _supervise_raised(self, failure: Any, e: Exception) -> None:
+    def _supervise_raised(self, failure: Any, e: BaseException) -> None:
         self._failed(
             f"__supervise__ raised:\n{format_remote_exception(e)}\n"
             f"This error occurred while handling another failure:\n{failure.report()}"
@@ -417,6 +420,16 @@ class ActorInstance:
             done()
 
 
+async def _probe() -> None:
+    pass
+
+
+_coro = _probe()
+_coroutine = type(_coro)
+_coro.close()
+del _coro
+
+
 def _drop_runtime_frames(e: BaseException) -> None:
     """Start the remote traceback at the user's code, not at the dispatcher calling it."""
     tb = e.__traceback__
@@ -458,8 +471,15 @@ def handle_spawn(header: dict, bodies: list) -> None:
         this_proc_state.when_proc_ready(lambda: inst.start(init))
 
 
+#: Actors this process creates on first use (e.g. the client's controller registry), by key.
+on_demand_actors: dict[str, Callable[[], None]] = {}
+
+
 def handle_message(header: dict, bodies: list) -> None:
     inst = this_proc_state.lookup(header["d"])
+    if inst is None and header["d"] in on_demand_actors:
+        on_demand_actors[header["d"]]()
+        inst = this_proc_state.lookup(header["d"])
     if inst is None:
         spec = header.get("p")
         if spec:

@@ -16,6 +16,7 @@ import threading
 import weakref
 from typing import Any, Generic, Iterable, TypeVar
 
+from monarch._src.actor import supervision
 from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future
 from monarch._src.actor.proc import runtime
@@ -58,18 +59,17 @@ class PortHandler:
 
     def expect_from(self, addresses: Iterable[str]) -> None:
         """Fail this handler if a process it waits on dies (at once if one already has)."""
-        from monarch._src.actor.supervision import dead_report
-
-        self._addresses = set(addresses)
+        self._addresses = addresses = set(addresses)
         with _waiting_lock:
-            for a in self._addresses:
+            for a in addresses:
                 _waiting_on[a].add(self)
-        for a in self._addresses:
-            report = dead_report(a)
-            if report is not None:
-                self.stop_expecting()
-                self.fail(SupervisionError(f"Endpoint call {self.label}() failed, {report}"))
-                return
+        if supervision.dead_processes:
+            for a in addresses:
+                report = supervision.dead_processes.get(a)
+                if report is not None:
+                    self.stop_expecting()
+                    self.fail(SupervisionError(f"Endpoint call {self.label}() failed, {report}"))
+                    return
 
     def stop_expecting(self) -> None:
         addresses = getattr(self, "_addresses", ())

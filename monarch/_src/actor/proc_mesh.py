@@ -15,7 +15,7 @@ from monarch._src.actor.collectors import GatherCollector
 from monarch._src.actor.context import context
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.future import Future
-from monarch._src.actor.proc import SPAWN_KIND, STOP_ACTOR_KIND, runtime, set_proc_ready
+from monarch._src.actor.proc import SPAWN_KIND, STOP_ACTOR_KIND, lookup, runtime, set_proc_ready
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.mesh_trait import MeshTrait
 from monarch._src.mesh.shape import Shape
@@ -200,6 +200,12 @@ def run_bootstrap(mesh: ProcMesh, fn: Callable[[], Any]) -> Future[Any]:
 
 # -- this_proc and controllers ------------------------------------------------------------------
 
+def _register_on_demand() -> None:
+    from monarch._src.actor import instance
+
+    instance.on_demand_actors[_REGISTRY_KEY] = _start_registry
+
+
 
 def this_proc() -> ProcMesh:
     """The single process the calling actor (or the client) runs in."""
@@ -226,22 +232,26 @@ class _ControllerRegistry(Actor):
 
 _REGISTRY_KEY = "__monarch_controllers__"
 _registry_lock = threading.Lock()
-_registry_started = False
+
+
+def _start_registry() -> None:
+    """Create the registry in the client the first time anyone (client or actor) asks."""
+    from monarch._src.actor import instance
+
+    with _registry_lock:
+        if lookup(_REGISTRY_KEY) is not None:
+            return
+        address = runtime().address
+        instance.handle_spawn(
+            {"d": _REGISTRY_KEY, "n": "controllers", "r": 0, "x": [[], []], "a": (address,), "c": ["root", "root", "<root>"]},
+            payload.dumps((_ControllerRegistry, (), {})),
+        )
 
 
 def _registry() -> ActorMesh[_ControllerRegistry]:
-    global _registry_started
     address = root_address()
-    if address == runtime().address and not _registry_started:
-        with _registry_lock:
-            if not _registry_started:
-                creator = ["root", "root", "<root>"]
-                runtime().send(
-                    address,
-                    {"k": SPAWN_KIND, "d": _REGISTRY_KEY, "n": "controllers", "r": 0, "x": [[], []], "a": (address,), "c": creator},
-                    payload.dumps((_ControllerRegistry, (), {})),
-                )
-                _registry_started = True
+    if address == runtime().address:
+        _start_registry()
     return ActorMesh(_ControllerRegistry, "controllers", _REGISTRY_KEY, (address,), Shape.unity())
 
 
@@ -249,3 +259,6 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
     """The process-wide singleton actor ``name``, spawned once in the client process."""
     validate_actor_class(Class, args, kwargs)
     return _registry().get_or_spawn.call_one(name, Class, args, kwargs)
+
+
+_register_on_demand()

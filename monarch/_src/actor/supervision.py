@@ -74,7 +74,7 @@ _owned: dict[str, _OwnedMesh] = {}
 _failed: dict[str, dict[str, str]] = {}
 _stopped: dict[str, str] = {}
 #: process addresses known dead -> report; calls to them fail at once.
-_dead: dict[str, str] = {}
+dead_processes: dict[str, str] = {}
 #: addresses of processes spawned here: their spawner reports their exit, with the reason.
 locally_spawned: set[str] = set()
 
@@ -82,18 +82,20 @@ locally_spawned: set[str] = set()
 def record_spawn(owner_key: str, mesh_key: str, name: str, addresses: tuple[str, ...]) -> None:
     with _lock:
         _owned[mesh_key] = _OwnedMesh(name, addresses, owner_key)
-        dead = [(i, _dead[a]) for i, a in enumerate(addresses) if a in _dead]
+        dead = [(i, dead_processes[a]) for i, a in enumerate(addresses) if a in dead_processes]
     for rank, report in dead:
         _deliver(mesh_key, rank, report)
 
 
 def mesh_error(mesh_key: str, mesh_name: str, endpoint: str, addresses: list[str]) -> SupervisionError | None:
     """Why a call on these ranks of a mesh must fail at once (or None if it may proceed)."""
+    if not (_stopped or _failed or dead_processes):
+        return None
     if mesh_key in _stopped:
         return SupervisionError(f"Endpoint call {mesh_name}.{endpoint}() failed, actor mesh {mesh_name} has been stopped")
     failed = _failed.get(mesh_key)
     for a in addresses:
-        report = (failed and failed.get(a)) or _dead.get(a)
+        report = (failed and failed.get(a)) or dead_processes.get(a)
         if report:
             return SupervisionError(f"Endpoint call {mesh_name}.{endpoint}() failed, {report}")
     return None
@@ -101,10 +103,6 @@ def mesh_error(mesh_key: str, mesh_name: str, endpoint: str, addresses: list[str
 
 def mark_stopped(mesh_key: str, reason: str) -> None:
     _stopped[mesh_key] = reason
-
-
-def dead_report(address: str) -> str | None:
-    return _dead.get(address)
 
 
 # -- the failing side ---------------------------------------------------------------------------
@@ -144,16 +142,26 @@ def handle_supervision_frame(header: dict, bodies: list) -> None:
     _deliver(mesh_key, rank, header["t"], header.get("n"), header.get("d"))
 
 
-def process_exited(address: str, how: str) -> None:
-    """The process at ``address`` is gone: fail pending calls and report owned ranks there."""
+def process_exited(address: str, how: str, expected: bool = False) -> None:
+    """The process at ``address`` is gone: fail pending calls and report owned ranks there.
+
+    ``expected`` (it was asked to stop) fails what still waits on it but reports no failure.
+    """
     from monarch._src.actor.port import fail_waiting_on
 
-    report = f"the process {address} this actor was running on failed: {how}"
+    if expected:
+        report = f"the process {address} this actor was running on was stopped"
+    else:
+        report = f"the process {address} this actor was running on failed: {how}"
     with _lock:
-        if address in _dead:
+        if address in dead_processes:
             return
-        _dead[address] = report
+        dead_processes[address] = report
         hits = [(key, i) for key, m in _owned.items() for i, a in enumerate(m.addresses) if a == address]
+        if expected:
+            for key, rank in hits:
+                _owned[key].done.add(rank)
+            hits = []
     fail_waiting_on(address, lambda h: SupervisionError(f"Endpoint call {h.label}() failed, {report}"))
     for key, rank in hits:
         m = _owned.get(key)
@@ -161,10 +169,15 @@ def process_exited(address: str, how: str) -> None:
         _deliver(key, rank, f"The actor {name}[{rank}] and all its descendants have failed: {report}")
 
 
+#: A lost connection is reported after this delay, so that the "stopped" notices the peer
+#: sent before a graceful exit (on its own connection to us) are processed first.
+PEER_LOST_GRACE_S = 0.2
+
+
 def peer_lost(address: str, reason: BaseException) -> None:
     if address in locally_spawned:
         return  # the spawner's exit watch reports it, with the exit status
-    process_exited(address, f"became unreachable ({reason})")
+    runtime().loop.call_later(PEER_LOST_GRACE_S, process_exited, address, f"became unreachable ({reason})")
 
 
 # -- the owning side ------------------------------------------------------------------------------

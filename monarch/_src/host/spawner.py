@@ -130,7 +130,7 @@ class ProcGroup:
         how = describe_exit(code)
         # After a requested stop the actors have reported themselves stopped, so this only
         # fails what still waits on the process.
-        supervision.process_exited(address, f"process {rank} of {self.name} {how}")
+        supervision.process_exited(address, f"process {rank} of {self.name} {how}", expected=self._stop_requested)
         for cb in list(self.on_exit):
             try:
                 cb(rank, how, code)

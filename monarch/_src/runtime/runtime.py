@@ -185,6 +185,7 @@ class Runtime:
                 self.secret,
                 on_close=lambda c, reason: self._outgoing_closed(address, c, reason),
                 name=address,
+                loop_ident=self.loop_thread.ident,
             )
             self._conns[address] = conn
         self.loop_thread.call_soon(self.loop.create_task, conn.connect())
@@ -226,7 +227,11 @@ class Runtime:
 
         async def close_all() -> None:
             self._server.close()
-            for conn in list(self._conns.values()) + list(self._incoming):
+            outgoing = list(self._conns.values())
+            # Deliver what was sent before shutdown (e.g. "actor stopped" notices), bounded.
+            if outgoing:
+                await asyncio.wait([asyncio.ensure_future(c.drained()) for c in outgoing], timeout=1.0)
+            for conn in outgoing + list(self._incoming):
                 conn.close()
             await asyncio.sleep(0)
 

@@ -157,8 +157,31 @@ class IncomingConnection(asyncio.BufferedProtocol):
         return data
 
     def _parse(self) -> None:
+        buf = self._buf
         while True:
-            avail = self._end - self._start
+            start, end = self._start, self._end
+            avail = end - start
+            if self._state == _PREFIX and avail > PREFIX_SIZE:
+                # Fast path: a whole small frame is in the scratch buffer (the common case).
+                (hlen,) = PREFIX.unpack_from(buf, start)
+                hend = start + PREFIX_SIZE + hlen
+                if hlen <= MAX_HEADER_BYTES and hend <= end:
+                    header = decode_header(buf[start + PREFIX_SIZE : hend])
+                    lengths = header[BODY_LENGTHS]
+                    if hend + sum(lengths) <= end:
+                        if hlen + sum(lengths) > self._max_frame:
+                            raise FrameTooLargeError(hlen + sum(lengths), self._max_frame, "receiving")
+                        bodies = []
+                        pos = hend
+                        for n in lengths:
+                            bodies.append(buf[pos : pos + n])
+                            pos += n
+                        if pos == end:
+                            self._start = self._end = 0
+                        else:
+                            self._start = pos
+                        self._on_frame(header, bodies)
+                        continue
             if self._state == _BODY:
                 n = self._lengths[len(self._bodies)]
                 if avail >= n:

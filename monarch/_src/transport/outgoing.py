@@ -38,8 +38,10 @@ class OutgoingConnection:
         secret: bytes,
         on_close: Callable[["OutgoingConnection", BaseException], None],
         name: str,
+        loop_ident: int | None,
     ) -> None:
         self._loop = loop
+        self._loop_ident = loop_ident
         self._path = path
         self._secret = secret
         self._on_close = on_close
@@ -48,6 +50,8 @@ class OutgoingConnection:
         self._queue: collections.deque[memoryview] = collections.deque()
         self._sock: socket.socket | None = None
         self._writer_registered = False
+        self._flush_scheduled = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
         self.authenticated = False
         self.closed = False
         self.close_reason: BaseException | None = None
@@ -62,8 +66,15 @@ class OutgoingConnection:
         with self._lock:
             if self.closed:
                 raise ConnectionResetError(f"connection {self.name} is closed: {self.close_reason}")
-            if not self.authenticated or self._queue:
-                self._queue.extend(memoryview(b).cast("B") for b in buffers)
+            q = self._queue
+            if not self.authenticated or q or self._flush_scheduled:
+                q.extend(memoryview(b).cast("B") for b in buffers)
+                return
+            if threading.get_ident() == self._loop_ident:
+                # On the loop, batch everything sent during this iteration into one write.
+                q.extend(memoryview(b).cast("B") for b in buffers)
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
                 return
             try:
                 sent = self._sock.sendmsg(buffers)  # type: ignore[union-attr]
@@ -76,27 +87,18 @@ class OutgoingConnection:
             for b in buffers:
                 view = memoryview(b).cast("B")
                 n = view.nbytes
-                if total + n <= sent:
-                    total += n
-                    continue
-                self._queue.append(view[max(0, sent - total) :])
+                if total + n > sent:
+                    q.append(view[max(0, sent - total) :])
                 total += n
-            if self._queue:
-                self._want_writer()
-
-    def _want_writer(self) -> None:
-        """Have the loop flush the queue once the socket is writable (lock held)."""
-        if not self._writer_registered:
-            self._writer_registered = True
-            self._loop.call_soon_threadsafe(self._register_writer)
-
-    def _register_writer(self) -> None:
-        if not self.closed:
-            self._loop.add_writer(self._sock.fileno(), self._flush)  # type: ignore[union-attr]
+            if q:
+                self._flush_scheduled = True
+                self._loop.call_soon_threadsafe(self._flush)
 
     def _flush(self) -> None:
+        """Write what is queued (loop thread); wait for writability if the kernel is full."""
         with self._lock:
-            if self.closed:
+            self._flush_scheduled = False
+            if self.closed or not self.authenticated:
                 return
             q = self._queue
             while q:
@@ -104,7 +106,7 @@ class OutgoingConnection:
                 try:
                     sent = self._sock.sendmsg(batch)  # type: ignore[union-attr]
                 except (BlockingIOError, InterruptedError):
-                    return
+                    break
                 except OSError as e:
                     self._loop.call_soon(self._fail, e)
                     return
@@ -116,8 +118,30 @@ class OutgoingConnection:
                     else:
                         q[0] = head[sent:]
                         sent = 0
-            self._writer_registered = False
-            self._loop.remove_writer(self._sock.fileno())  # type: ignore[union-attr]
+            fd = self._sock.fileno()  # type: ignore[union-attr]
+            if not q:
+                self._wake_drain_waiters()
+            if q and not self._writer_registered:
+                self._writer_registered = True
+                self._loop.add_writer(fd, self._flush)
+            elif not q and self._writer_registered:
+                self._writer_registered = False
+                self._loop.remove_writer(fd)
+
+    def _wake_drain_waiters(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def drained(self) -> None:
+        """Wait until every queued frame was handed to the kernel (or the connection closed)."""
+        with self._lock:
+            if self.closed or (self.authenticated and not self._queue):
+                return
+            fut = self._loop.create_future()
+            self._drain_waiters.append(fut)
+        await fut
 
     # -- connecting and the handshake (loop thread) ----------------------------------------
 
@@ -177,7 +201,10 @@ class OutgoingConnection:
         with self._lock:
             self.authenticated = True
             if self._queue:
-                self._want_writer()
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
+            else:
+                self._wake_drain_waiters()
 
     # -- closing ----------------------------------------------------------------------------
 
@@ -188,6 +215,7 @@ class OutgoingConnection:
             self.closed = True
             self.close_reason = reason
             self._queue.clear()
+            self._wake_drain_waiters()
         if self._timer is not None:
             self._timer.cancel()
         sock = self._sock
@@ -204,8 +232,6 @@ class OutgoingConnection:
         """Close after flushing what is queued (loop thread)."""
         if self.closed:
             return
-        with self._lock:
-            pending = bool(self._queue)
-        if pending and self.authenticated:
+        if self.authenticated:
             self._flush()
         self._fail(ConnectionResetError(f"connection {self.name} closed"))

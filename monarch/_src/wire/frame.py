@@ -48,7 +48,7 @@ def encode_frame(header: dict[str, Any], bodies: Sequence[Any], max_frame_bytes:
 
     The bodies are not copied; ``header`` gains the body lengths.
     """
-    lengths = [memoryview(b).nbytes if not isinstance(b, (bytes, bytearray)) else len(b) for b in bodies]
+    lengths = [len(b) if type(b) is bytes else memoryview(b).nbytes for b in bodies]
     header[BODY_LENGTHS] = lengths
     head = _pack(header)
     total = len(head) + sum(lengths)
@@ -66,6 +66,9 @@ def decode_header(data: bytes | memoryview) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise FrameError("malformed frame header: not a map")
     lengths = header.get(BODY_LENGTHS)
-    if not isinstance(lengths, list) or not all(isinstance(n, int) and n >= 0 for n in lengths):
+    if type(lengths) is not list:
         raise FrameError("malformed frame header: bad body lengths")
+    for n in lengths:
+        if type(n) is not int or n < 0:
+            raise FrameError("malformed frame header: bad body lengths")
     return header

@@ -1,0 +1,200 @@
+"""Stopping actor meshes and proc meshes, cleanup hooks, and client shutdown."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import cloudpickle
+import psutil
+import pytest
+
+from monarch.actor import Actor, Channel, Port, SupervisionError, endpoint, this_host, this_proc
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Counter(Actor):
+    def __init__(self) -> None:
+        self.v = 0
+
+    @endpoint
+    def incr(self) -> int:
+        self.v += 1
+        return self.v
+
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class WithCleanup(Actor):
+    def __init__(self, port: Port[str]) -> None:
+        self.port = port
+        self.seen = 0
+
+    @endpoint
+    def work(self) -> int:
+        self.seen += 1
+        return self.seen
+
+    def __cleanup__(self, exc) -> None:
+        self.port.send(f"cleanup after {self.seen} exc={exc!r}")
+
+
+class Caller(Actor):
+    @endpoint
+    def call_incr(self, target) -> str:
+        try:
+            target.incr.call_one().get(timeout=10)
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return "no error"
+
+
+def wait_gone(pids, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def test_actor_mesh_stop_then_call_fails(procs2):
+    a = procs2.spawn("a", Counter)
+    b = procs2.spawn("b", Counter)
+    caller = procs2.spawn("caller", Caller)
+    assert a.incr.call().get(timeout=10).values() == [1, 1]
+    one = a.slice(gpus=0)
+    assert a.stop().get(timeout=10) is None
+    for mesh in (a, one, a.slice(gpus=1)):
+        with pytest.raises((SupervisionError, RuntimeError), match="stopped"):
+            mesh.incr.call().get(timeout=10)
+    # A reference held by another actor sees the stop as well.
+    assert "stopped" in caller.slice(gpus=0).call_incr.call_one(one).get(timeout=10)
+    # Other meshes on the same processes are unaffected.
+    assert b.incr.call().get(timeout=10).values() == [1, 1]
+
+
+def test_stop_runs_cleanup_after_pending_messages(procs1):
+    port, receiver = Channel.open()
+    m = procs1.spawn("cleanup", WithCleanup, port)
+    for _ in range(3):
+        m.work.broadcast()
+    m.stop().get(timeout=10)
+    assert receiver.recv().get(timeout=10) == "cleanup after 3 exc=None"
+
+
+def test_local_actor_stop():
+    m = this_proc().spawn("local", Counter)
+    assert m.incr.call_one().get(timeout=10) == 1
+    m.stop().get(timeout=10)
+    with pytest.raises((SupervisionError, RuntimeError), match="stopped"):
+        m.incr.call_one().get(timeout=10)
+
+
+def test_proc_mesh_stop_ends_processes_and_refuses_spawn():
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        c = pm.spawn("c", Counter)
+        pids = c.pid.call().get(timeout=10).values()
+        assert all(psutil.pid_exists(p) for p in pids)
+    finally:
+        pm.stop().get(timeout=10)
+    assert wait_gone(pids) == []
+    with pytest.raises(RuntimeError, match="`ProcMesh` has already been stopped"):
+        pm.spawn("again", Counter).initialized.get(timeout=10)
+    with pytest.raises(RuntimeError):
+        c.incr.call().get(timeout=10)
+    # Stopping again is harmless.
+    pm.stop().get(timeout=10)
+
+
+async def test_proc_mesh_async_context_manager():
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    async with pm:
+        pid = await pm.spawn("c", Counter).pid.call_one()
+    assert wait_gone([pid]) == []
+
+
+@pytest.mark.xfail(
+    reason="BUG: a worker's 'actor stopped' report is queued on a not-yet-authenticated "
+    "connection and dropped when the worker shuts down, so ProcMesh.stop() raises a spurious "
+    "MeshFailure (default hook: client exits 1)",
+    strict=True,
+)
+def test_proc_mesh_stop_without_any_reply_is_not_a_failure():
+    code = textwrap.dedent(
+        """
+        import json
+        import monarch.actor
+        from monarch.actor import Actor, endpoint, this_host
+
+        faults = []
+        monarch.actor.unhandled_fault_hook = lambda f: faults.append(str(f))
+
+        class Quiet(Actor):
+            @endpoint
+            def ping(self):
+                return 1
+
+        for _ in range(3):
+            pm = this_host().spawn_procs(per_host={"gpus": 2})
+            m = pm.spawn("quiet", Quiet)
+            m.slice(gpus=1).ping.call_one().get(timeout=10)  # rank 0 never replies to the client
+            pm.stop().get(timeout=10)
+        print("RESULT " + json.dumps(faults), flush=True)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=45, cwd=REPO)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stdout + proc.stderr
+    assert json.loads(lines[0][len("RESULT ") :]) == []
+    assert proc.returncode == 0
+
+
+SHUTDOWN_SCRIPT = textwrap.dedent(
+    """
+    import json, os
+    from monarch.actor import Actor, endpoint, shutdown_context, this_host
+
+    class P(Actor):
+        @endpoint
+        def pid(self):
+            return os.getpid()
+
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    pids = pm.spawn("p", P).pid.call().get(timeout=10).values()
+    print("PIDS " + json.dumps(pids), flush=True)
+    first = shutdown_context().get(timeout=10)
+    second = shutdown_context().get(timeout=10)
+    print("RESULT " + json.dumps([first, second]), flush=True)
+    """
+)
+
+
+def test_shutdown_context_is_idempotent_and_ends_workers():
+    proc = subprocess.run(
+        [sys.executable, "-c", SHUTDOWN_SCRIPT], capture_output=True, text=True, timeout=45, cwd=REPO
+    )
+    out = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out["RESULT"]) == [None, None]
+    pids = json.loads(out["PIDS"])
+    assert len(pids) == 2
+    assert wait_gone(pids) == []
