@@ -4,25 +4,34 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from typing import Iterator
 
 import psutil
 import pytest
 
 WORKER_MARK = "monarch._src.runtime.bootstrap"
+#: Inherited by every process this test session starts (subprocess clients and their
+#: workers too), so the leak check never touches another session's processes.
+SESSION_ENV = "MONARCH_TEST_SESSION"
+os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
+SESSION = os.environ[SESSION_ENV]
 
 
 def monarch_processes() -> list[psutil.Process]:
-    """Monarch worker processes descended from this test process, or orphaned by it."""
+    """Monarch worker processes started by this test session (descendants or orphans)."""
     found = []
     me = os.getpid()
-    for p in psutil.process_iter(["cmdline", "ppid"]):
+    for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = p.info["cmdline"] or []
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            if p.pid == me or not any(WORKER_MARK in c for c in cmd):
+                continue
+            if p.environ().get(SESSION_ENV) != SESSION:
+                continue
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        if p.pid != me and any(WORKER_MARK in c for c in cmd):
-            found.append(p)
+        found.append(p)
     return found
 
 

@@ -21,12 +21,13 @@ import tempfile
 import threading
 from typing import Any, Callable, ClassVar
 
+from monarch._src.runtime import shm
 from monarch._src.runtime.config import CONFIG
 from monarch._src.runtime.loop_thread import LoopThread
 from monarch._src.transport import auth
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.outgoing import OutgoingConnection
-from monarch._src.wire.frame import encode_frame
+from monarch._src.wire.frame import FrameTooLargeError, encode_frame
 
 logger = logging.getLogger("monarch.runtime")
 
@@ -75,6 +76,8 @@ class Runtime:
         self.secret = secret
         self.socket_dir = socket_dir
         self._owns_socket_dir = owns_socket_dir
+        #: Names this job's shared-memory buffers (one socket directory per job).
+        self.job_tag = os.path.basename(socket_dir.rstrip("/"))
         self.max_frame_bytes = CONFIG.max_frame_bytes
         self._socket_seq = 0
         self._seq_lock = threading.Lock()
@@ -165,6 +168,8 @@ class Runtime:
             return
         if self.closed:
             raise RuntimeError("the monarch runtime of this process has been shut down")
+        if len(bodies) > 1 and shm.available():
+            bodies = self._export_large_buffers(header, bodies)
         buffers = encode_frame(header, bodies, self.max_frame_bytes)
         conn = self._conns.get(address)
         if conn is None or conn.closed:
@@ -173,6 +178,37 @@ class Runtime:
             conn.send(buffers)
         except ConnectionError as e:
             logger.debug("send to %s failed: %s", address, e)
+
+    def _export_large_buffers(self, header: dict, bodies: list) -> list:
+        """Move large out-of-band buffers to shared memory (same host); header["shm"] lists them."""
+        sizes = [memoryview(b).nbytes for b in bodies]
+        if max(sizes[1:]) < shm.THRESHOLD:
+            return bodies
+        if sum(sizes) > self.max_frame_bytes:  # the limit applies to the message, wherever it travels
+            raise FrameTooLargeError(sum(sizes), self.max_frame_bytes, "sending")
+        bodies = list(bodies)
+        moved = []
+        for i in range(1, len(bodies)):
+            if sizes[i] >= shm.THRESHOLD:
+                name = shm.export(self.job_tag, bodies[i])
+                if name is not None:
+                    bodies[i] = name
+                    moved.append(i)
+        if moved:
+            header["shm"] = moved
+        return bodies
+
+    def _receive(self, header: dict, bodies: list) -> None:
+        """A frame from another process: map its shared-memory buffers, then route it."""
+        moved = header.get("shm")
+        if moved:
+            try:
+                for i in moved:
+                    bodies[i] = shm.import_(bytes(bodies[i]))
+            except (OSError, ValueError, TypeError, IndexError) as e:
+                logger.error("dropping a frame whose shared-memory buffer is unusable: %s", e)
+                return
+        self.dispatch(header, bodies)
 
     def _connect(self, address: str) -> OutgoingConnection:
         with self._conns_lock:
@@ -208,7 +244,7 @@ class Runtime:
             conn = IncomingConnection(
                 secret=self.secret,
                 max_frame_bytes=self.max_frame_bytes,
-                on_frame=self.dispatch,
+                on_frame=self._receive,
                 on_close=lambda c, reason: self._incoming.discard(c),
                 name=f"<-{self.address}",
             )
@@ -250,6 +286,7 @@ class Runtime:
             pass
         if self._owns_socket_dir:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
+            shm.sweep(self.job_tag)
         if Runtime._instance is self:
             Runtime._instance = None
 

@@ -53,14 +53,38 @@ def _reduce_torch_tensor(obj: Any) -> Any:
     )
 
 
+class _LargeBytes:
+    """Stands in for a large ``bytes`` while pickling: the C pickler writes exact ``bytes``
+    in band without asking any hook, so large ones are wrapped to travel out of band."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _bytes_from_buffer, (pickle.PickleBuffer(self.data),)
+
+
+def _lift_large_bytes(obj: Any, depth: int = 0) -> Any:
+    """``obj`` with large bytes (in small containers, a few levels deep) wrapped."""
+    t = type(obj)
+    if t is bytes:
+        return _LargeBytes(obj) if len(obj) >= OUT_OF_BAND_THRESHOLD else obj
+    if depth >= 3 or (t is not tuple and t is not list and t is not dict) or len(obj) > 64:
+        return obj
+    if t is dict:
+        items = {k: _lift_large_bytes(v, depth + 1) for k, v in obj.items()}
+        return items if any(items[k] is not v for k, v in obj.items()) else obj
+    lifted = [_lift_large_bytes(x, depth + 1) for x in obj]
+    if all(a is b for a, b in zip(lifted, obj)):
+        return obj
+    return tuple(lifted) if t is tuple else lifted
+
+
 class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
-        t = type(obj)
-        if t is bytes:
-            if len(obj) >= OUT_OF_BAND_THRESHOLD:
-                return _bytes_from_buffer, (pickle.PickleBuffer(obj),)
-            return NotImplemented
-        if t.__name__ == "Tensor" and "torch" in sys.modules:
+        if type(obj).__name__ == "Tensor" and "torch" in sys.modules:
             return _reduce_torch_tensor(obj)
         return super().reducer_override(obj)
 
@@ -98,7 +122,7 @@ def dumps(obj: Any) -> list[Any]:
         return False
 
     f = io.BytesIO()
-    _Pickler(f, protocol=5, buffer_callback=keep).dump(obj)
+    _Pickler(f, protocol=5, buffer_callback=keep).dump(_lift_large_bytes(obj))
     return [f.getbuffer(), *buffers]
 
 
