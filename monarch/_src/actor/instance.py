@@ -40,6 +40,7 @@ from monarch._src.wire import payload
 logger = logging.getLogger("monarch.actor")
 
 _INIT, _MESSAGE, _STOP, _SUPERVISE = 0, 1, 2, 3
+ROOT_KEY = "root"
 
 
 class CreatorInstance:
@@ -96,9 +97,15 @@ class ActorInstance:
     # -- identity ---------------------------------------------------------------------------
 
     @property
+    def is_root(self) -> bool:
+        return self.key == ROOT_KEY
+
+    @property
     def class_name(self) -> str:
         cls = self._cls
-        return "<root>" if cls is None else f"{cls.__module__}.{cls.__qualname__}"
+        if cls is None:
+            return "<root>" if self.is_root else "<unknown class>"
+        return f"{cls.__module__}.{cls.__qualname__}"
 
     @property
     def actor_id(self) -> str:
@@ -119,7 +126,7 @@ class ActorInstance:
         return self.proc_mesh.slice(**dict(self.rank))
 
     def __str__(self) -> str:
-        if self._cls is None:
+        if self.is_root:
             return "<root>"
         parent = self.creator.description if self.creator is not None else "<root>"
         return f"{parent}.<{self.class_name} {self.name}{self.rank!r}>"
@@ -128,7 +135,7 @@ class ActorInstance:
         return str(self)
 
     def as_creator(self) -> CreatorInstance:
-        return CreatorInstance("root" if self._cls is None else self.name, self.actor_id, str(self))
+        return CreatorInstance("root" if self.is_root else self.name, self.actor_id, str(self))
 
     # -- mailbox ----------------------------------------------------------------------------
 
@@ -355,7 +362,7 @@ class ActorInstance:
         """A mesh this actor owns failed: ``__supervise__`` decides, else this actor fails."""
         from monarch._src.actor.supervision import root_unhandled
 
-        if self._cls is None:
+        if self.is_root:
             root_unhandled(failure)
         elif self.failure is None and getattr(self.actor, "__supervise__", None) is not None:
             self.put((_SUPERVISE, failure, None))
@@ -541,7 +548,7 @@ def root_instance() -> ActorInstance:
             if _root is None:
                 rt = runtime()
                 _root = ActorInstance(
-                    key="root", name="root", cls=None, rank=SINGLETON_POINT,
+                    key=ROOT_KEY, name="root", cls=None, rank=SINGLETON_POINT,
                     proc_addresses=(rt.address,), creator=None,
                 )
     return _root

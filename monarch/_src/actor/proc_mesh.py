@@ -144,13 +144,54 @@ class ProcMesh(MeshTrait):
         return local_host_mesh_factory()
 
     async def logging_option(
-        self, stream_to_client: bool = False, aggregate_window_sec: int | None = None, level: int = 20
+        self,
+        stream_to_client: bool = True,
+        aggregate_window_sec: int | float | None = 3,
+        level: int = 20,  # logging.INFO
+        prefix_with_rank: bool = False,
     ) -> None:
-        """Configure forwarding of this mesh's output to the client (see ``monarch.actor``)."""
-        if not isinstance(level, int) or not 0 <= level <= 255:
+        """Forward this mesh's stdout/stderr to the calling process (the client), aggregated.
+
+        ``stream_to_client``: send the workers' output here over monarch's own connections
+        (False: back to the default, where each spawner shows it directly, unprefixed).
+        ``aggregate_window_sec``: collapse similar lines (equal but for their numbers) seen
+        within this many seconds into ``[N similar log lines] <line>``; None writes what is
+        buffered and then shows lines as they come. ``level``: while streaming, Python
+        ``logging`` records below it are disabled in the workers (``logging.disable``);
+        printing is never filtered. ``prefix_with_rank`` (monarch-aio): start each forwarded
+        line with the worker's rank, e.g. ``[gpus=1] ``. Returns once every worker applied it.
+        """
+        from monarch._src.actor import log_forwarding
+        from monarch._src.actor.proc import LOG_OPTION_KIND
+        from monarch._src.mesh.point import Point
+
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 255:
             raise ValueError(f"Invalid logging level: {level}")
-        if aggregate_window_sec is not None and (not isinstance(aggregate_window_sec, (int, float)) or aggregate_window_sec < 0):
-            raise ValueError(f"Invalid aggregate_window_sec: {aggregate_window_sec!r}")
+        if aggregate_window_sec is not None and (
+            isinstance(aggregate_window_sec, bool)
+            or not isinstance(aggregate_window_sec, (int, float))
+            or not aggregate_window_sec >= 0
+        ):
+            raise ValueError(f"Invalid aggregate_window_sec: {aggregate_window_sec!r} (a number >= 0, or None)")
+        stream = bool(stream_to_client)
+        window = None if aggregate_window_sec is None or aggregate_window_sec == 0 else float(aggregate_window_sec)
+        rt = runtime()
+        mid = log_forwarding.mesh_log_id(self._addresses)
+        addresses = self._proc_addresses()
+        extent = self._mesh_shape.extent
+        if stream:  # ready for the first lines before any worker starts sending them
+            log_forwarding.set_client_options(mid, True, window)
+
+        def send(spec: list[Any], i: int) -> None:
+            options: dict[str, Any] = {"s": stream, "d": rt.address, "m": mid, "v": level}
+            if prefix_with_rank:
+                point = Point(i, extent)
+                options["x"] = "[" + ",".join(f"{k}={v}" for k, v in point.items()) + "] "
+            rt.send(addresses[i], {"k": LOG_OPTION_KIND, "p": spec, "r": i, "o": options}, [])
+
+        await _wait_for_replies(addresses, send)
+        if not stream:  # nothing more is on its way: write what is still buffered
+            log_forwarding.set_client_options(mid, False, window)
 
     def activate(self) -> Any:
         raise NotImplementedError("the tensor engine (activate) is not part of monarch-aio")
@@ -195,7 +236,11 @@ class _SetupActor(Actor):
 def run_bootstrap(mesh: ProcMesh, fn: Callable[[], Any]) -> Future[Any]:
     """Spawn the setup actor (exempt from the readiness gate); its reply is ``initialized``."""
     setup = mesh._spawn_nocheck("setup", _SetupActor, (fn,), {}, extra={"boot": 1})
-    return setup.result.call()
+    done: Future[Any] = Future._new()
+    setup.result.call()._add_done_callback(
+        lambda f: done._set_exception(f._exc) if f._exc is not None else done._set_result(True)
+    )
+    return done
 
 
 # -- this_proc and controllers ------------------------------------------------------------------

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any, Callable
 
 
+#: Set to "asyncio" to run the runtime on the standard library's loop instead of uvloop.
+LOOP_ENV = "MONARCH_EVENT_LOOP"
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
+    if os.environ.get(LOOP_ENV, "uvloop") == "asyncio":
+        return asyncio.new_event_loop()
     try:
         import uvloop
     except ImportError:  # uvloop is optional (not on every platform)
