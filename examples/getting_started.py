@@ -1,6 +1,6 @@
 """Monarch's getting-started guide, run against monarch-aio, in the guide's order.
 
-Sections that later work covers (Multiple Hosts, Logging, RDMA, distributed tensors, remote
+Sections that later work covers (Multiple Hosts, RDMA, distributed tensors, remote
 functions) are left out; where a later section needs a name they defined
 (``trainer_procs``), a one-line stand-in on this host takes its place.
 
@@ -53,6 +53,24 @@ from monarch.actor import context
 
 trainer_procs: ProcMesh = this_host().spawn_procs(per_host={"gpus": 4})
 print(f"Process mesh extent: {trainer_procs.extent}")
+
+# --- Logging -----------------------------------------------------------------------------------
+# Worker output reaches this terminal by default. Streaming it to the client with a window
+# collapses similar lines (here: for 3 seconds) into one summary line.
+import asyncio
+
+asyncio.run(procs.logging_option(stream_to_client=True, aggregate_window_sec=3))
+
+
+# (monarch-aio addition) see the aggregation: eight workers print the same kind of line, and
+# one "[8 similar log lines] hello from gpus=..." line reaches the terminal.
+class Greeter(Actor):
+    @endpoint
+    def greet(self) -> None:
+        print(f"hello from gpus={context().message_rank['gpus']}")
+
+
+procs.spawn("greeters", Greeter).greet.call().get()
 
 # --- Actor and Process References -------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import pytest
 from monarch.actor import (
     Accumulator,
     Actor,
+    ActorError,
     Channel,
     Extent,
     Future,
@@ -22,6 +23,7 @@ from monarch.actor import (
     ValueMesh,
     context,
     current_rank,
+    concurrent_endpoint,
     endpoint,
     send,
     this_proc,
@@ -58,6 +60,31 @@ class Counter(Actor):
     @endpoint
     def run(self, fn):
         return fn()
+
+
+class Turns(Actor):
+    """Rank 0 answers ``turn`` only once released; rank 1 answers at once."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    @concurrent_endpoint
+    async def turn(self) -> int:
+        rank = context().actor_instance.rank.rank
+        if rank == 0:
+            await self.event.wait()
+        return rank
+
+    @endpoint
+    async def release(self) -> None:
+        self.event.set()
+
+    @endpoint
+    async def fail_on(self, rank: int) -> int:
+        me = context().actor_instance.rank.rank
+        if me == rank:
+            raise ValueError(f"rank {me} refuses")
+        return me
 
 
 @pytest.fixture
@@ -133,6 +160,30 @@ def test_stream_yields_one_future_per_actor(counters):
 async def test_stream_futures_are_awaitable(counters):
     total = sum([await f for f in counters.my_rank.stream()])
     assert total == 1
+
+
+def test_stream_resolves_in_arrival_order(procs2):
+    turns = procs2.spawn("turns", Turns)
+    first, second = turns.turn.stream()
+    assert first.get(timeout=10) == 1  # rank 1 answered first
+    assert not second.done()
+    turns.slice(gpus=0).release.broadcast()
+    assert second.get(timeout=10) == 0
+
+
+def test_call_fails_if_any_rank_fails(procs2):
+    turns = procs2.spawn("turns", Turns)
+    with pytest.raises(ActorError, match="rank 1 refuses"):
+        turns.fail_on.call(1).get(timeout=10)
+    assert turns.fail_on.call(5).get(timeout=10).values() == [0, 1]
+    with pytest.raises(ActorError, match="rank 0 refuses"):
+        Accumulator(turns.fail_on, 0, operator.add).accumulate(0).get(timeout=10)
+
+
+def test_call_one_on_empty_mesh_raises(counters):
+    with pytest.raises(ValueError, match="call_one requires exactly 1 actor, but mesh has 0"):
+        counters.slice(gpus=slice(0, 0)).value.call_one()
+    assert counters.value.call().get(timeout=10).values() == [0, 0]
 
 
 def test_broadcast_returns_none_and_takes_effect(counters):

@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import cloudpickle
-import pytest
 
 from monarch.actor import Actor, endpoint, get_or_spawn_controller
 
@@ -86,11 +85,6 @@ def test_callable_from_inside_an_actor(procs1):
     assert from_client.hit.call_one().get(timeout=10) == 2
 
 
-@pytest.mark.xfail(
-    reason="BUG: the controller registry is only spawned when the client itself calls "
-    "get_or_spawn_controller; an actor asking first gets 'no actor __monarch_controllers__'",
-    strict=True,
-)
 def test_actor_asks_first_in_a_fresh_client():
     code = textwrap.dedent(
         """

@@ -105,6 +105,26 @@ class Gate(Actor):
         return "pong"
 
 
+class Starts(Actor):
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.event = asyncio.Event()
+
+    @concurrent_endpoint
+    async def wait(self, i: int) -> int:
+        self.log.append(f"start{i}")
+        await self.event.wait()
+        return i
+
+    @endpoint
+    async def get_log(self) -> list:
+        return list(self.log)
+
+    @endpoint
+    async def release(self) -> None:
+        self.event.set()
+
+
 class Serial(Actor):
     def __init__(self) -> None:
         self.log: list[str] = []
@@ -166,8 +186,8 @@ class TLS(Actor):
 def test_sync_actor_blocks_on_another_actor(procs2):
     c = procs2.spawn("counter", Counter, 5)
     ind = procs2.spawn("indirect", SyncIndirect)
+    assert c.value.call().get(timeout=10).values() == [5, 5]  # spawned before it is shared
     assert ind.slice(gpus=0).call_value.call_one(c).get(timeout=10) == 5
-    assert c.value.choose().get(timeout=10) == 5
 
 
 def test_sync_endpoint_has_no_visible_loop(procs1):
@@ -178,6 +198,7 @@ def test_sync_endpoint_has_no_visible_loop(procs1):
 def test_async_actor_awaits_other_calls(procs2):
     c = procs2.spawn("counter", Counter, 4)
     ind = procs2.spawn("aindirect", AsyncIndirect)
+    assert c.value.call().get(timeout=10).values() == [4, 4]  # spawned before it is shared
     assert ind.slice(gpus=1).call_value.call_one(c).get(timeout=10) == 4
     assert ind.sum_of.call(c).get(timeout=10).values() == [8, 8]
 
@@ -205,6 +226,15 @@ def test_concurrent_endpoint_exception_is_actor_error_and_actor_survives(procs1)
         gate.boom.call_one().get(timeout=10)
     assert isinstance(ei.value.exception, KeyError)
     assert gate.ping.call_one().get(timeout=10) == "pong"
+
+
+def test_concurrent_endpoints_start_in_send_order(procs1):
+    s = procs1.spawn("starts", Starts)
+    futures = [s.wait.call_one(i) for i in range(4)]
+    assert s.get_log.call_one().get(timeout=10) == ["start0", "start1", "start2", "start3"]
+    assert not any(f.done() for f in futures)
+    s.release.broadcast()
+    assert [f.get(timeout=10) for f in futures] == [0, 1, 2, 3]
 
 
 def test_concurrent_endpoint_rejects_sync_method():

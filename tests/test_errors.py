@@ -96,10 +96,26 @@ class TwoArgError(Exception):
         self.code = code
 
 
+class LockedError(Exception):
+    """Pickling this exception fails: it holds a lock."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self.lock = threading.Lock()
+
+
 class RaisesCustom(Actor):
     @endpoint
     def fail(self) -> None:
         raise TwoArgError("E42", "custom detail")
+
+    @endpoint
+    def fail_unpicklable(self) -> None:
+        raise LockedError("holding a lock")
+
+    @endpoint
+    def kw_only(self, a: int, *, k: int = 1) -> tuple:
+        return (a, k)
 
     @endpoint
     def ok(self) -> str:
@@ -168,6 +184,7 @@ def test_implicit_context_in_remote_traceback(boom):
 
 def test_nested_actor_error_carries_inner_message(procs1, boom):
     relay = procs1.spawn("relay", Relay)
+    assert boom.value.call_one().get(timeout=10) == 0  # spawned before it is shared
     with pytest.raises(ActorError, match="deep down"):
         relay.relay.call_one(boom, "deep down").get(timeout=10)
 
@@ -235,6 +252,24 @@ def test_unpicklable_return_value_is_actor_error(boom):
     with pytest.raises(ActorError, match="pickle"):
         boom.give_lock.call_one().get(timeout=10)
     assert boom.incr.call_one(1).get(timeout=10) == 1
+
+
+def test_unpicklable_exception_still_reported_as_actor_error(procs1):
+    m = procs1.spawn("custom", RaisesCustom)
+    with pytest.raises(ActorError, match="holding a lock") as ei:
+        m.fail_unpicklable.call_one().get(timeout=10)
+    assert "LockedError" in str(ei.value)
+    assert m.ok.call_one().get(timeout=10) == "ok"
+
+
+def test_keyword_only_arguments_checked(procs1):
+    m = procs1.spawn("custom", RaisesCustom)
+    assert m.kw_only.call_one(1, k=2).get(timeout=10) == (1, 2)
+    with pytest.raises(TypeError):
+        m.kw_only.call_one(1, 2)
+    with pytest.raises(TypeError):
+        m.kw_only.call_one(k=2)
+    assert m.kw_only.call_one(5).get(timeout=10) == (5, 1)
 
 
 @pytest.mark.xfail(

@@ -5,6 +5,8 @@ slices of two actor meshes that share the processes, and kills processes between
 round and collecting it. Whatever happens, every call returns or raises ``SupervisionError``
 within a bound, the client's ``unhandled_fault_hook`` hears of each failed (mesh, rank) exactly
 once, and no worker process outlives the test.
+
+``FI_SEEDS=1,2,3 pytest tests/test_fault_injection.py`` runs other schedules (a soak).
 """
 
 from __future__ import annotations
@@ -44,6 +46,30 @@ class Target(Actor):
     def work(self, seconds: float) -> int:
         time.sleep(seconds)  # keeps the call in flight while a process may be killed
         return context().actor_instance.rank.rank
+
+
+class Supervisor(Actor):
+    """Owns the target mesh; counts the failures its ``__supervise__`` is told about."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, int], int] = {}
+        self.mesh: Any = None
+
+    @endpoint
+    def spawn_target(self, procs: Any, name: str) -> Any:
+        self.mesh = procs.spawn(name, Target)
+        self.mesh.pid.call().get(timeout=10)  # every rank exists before the mesh is handed out
+        return self.mesh
+
+    @endpoint
+    def counts_seen(self) -> dict[tuple[str, int], int]:
+        return dict(self.counts)
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        for rank in failure.crashed_ranks:
+            key = (failure.mesh_name, rank)
+            self.counts[key] = self.counts.get(key, 0) + 1
+        return True
 
 
 class HookCounter:
@@ -113,7 +139,10 @@ def settle(fut: Any, outcomes: Outcomes, must_fail: bool, must_succeed: bool, la
     assert time.monotonic() - t0 < CALL_BOUND_S + 1.0
 
 
-@pytest.mark.parametrize("seed", [int(s) for s in os.environ.get("FI_SEEDS", "7,2024").split(",")])
+SEEDS = [int(s) for s in os.environ.get("FI_SEEDS", "7,2024").split(",")]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_random_sigkills_during_traffic(seed: int, hook: HookCounter) -> None:
     rng = random.Random(seed)
     pm = this_host().spawn_procs(per_host={"gpus": PROCS})
@@ -131,13 +160,14 @@ def test_random_sigkills_during_traffic(seed: int, hook: HookCounter) -> None:
             dead_before = set(killed)
             pending: list[tuple[Any, set[int], str]] = []
             for i in range(rng.randint(3, 8)):
-                mesh = rng.choice(meshes)
+                which = rng.randrange(len(meshes))
+                mesh = meshes[which]
                 target, ranks = random_target(rng, mesh)
                 kind = rng.choice(["call", "call_one", "stream", "choose", "broadcast"])
                 if kind == "call_one" and len(ranks) != 1:
                     kind = "call"
                 delay = rng.uniform(0.0, 0.02)
-                label = f"round {round_no} #{i}: {mesh._mesh_name}{sorted(ranks)}.work.{kind}"
+                label = f"round {round_no} #{i}: {names[which]}{sorted(ranks)}.work.{kind}"
                 ep = target.work
                 if kind == "broadcast":
                     try:
@@ -189,3 +219,44 @@ def test_random_sigkills_during_traffic(seed: int, hook: HookCounter) -> None:
         return True
 
     wait_until(all_gone, DEADLINE_S, f"worker processes {pids} to exit")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_sigkills_reach_the_owning_actor_once(seed: int, hook: HookCounter) -> None:
+    """Same chaos, but the mesh is owned by an actor in another process (told via lost peers)."""
+    rng = random.Random(seed)
+    ctl = this_host().spawn_procs(per_host={"gpus": 1})
+    pm = this_host().spawn_procs(per_host={"gpus": PROCS})
+    pids: list[int] = []
+    name = f"fi_owned_{seed}"
+    killed: list[int] = []
+    outcomes = Outcomes()
+    try:
+        sup = ctl.spawn(f"fi_supervisor_{seed}", Supervisor)
+        mesh = sup.spawn_target.call_one(pm, name).get(timeout=DEADLINE_S)
+        pids = list(mesh.pid.call().get(timeout=DEADLINE_S).values())
+        kill_rounds = set(rng.sample(range(ROUNDS), KILLS))
+        for round_no in range(ROUNDS):
+            dead_before = set(killed)
+            pending = []
+            for i in range(rng.randint(2, 6)):
+                target, ranks = random_target(rng, mesh)
+                pending.append((target.work.call(rng.uniform(0.0, 0.02)), ranks, f"round {round_no} #{i}: {sorted(ranks)}"))
+            if round_no in kill_rounds:
+                victim = rng.choice(sorted(set(range(PROCS)) - set(killed)))
+                os.kill(pids[victim], signal.SIGKILL)
+                killed.append(victim)
+            for fut, ranks, label in pending:
+                settle(fut, outcomes, bool(ranks & dead_before), not (ranks & set(killed)), label)
+        expected = {(name, r): 1 for r in killed}
+        seen = lambda: sup.counts_seen.call_one().get(timeout=DEADLINE_S)  # noqa: E731
+        wait_until(lambda: seen() == expected, DEADLINE_S, f"supervisor counts {expected}")
+        window = time.monotonic() + 0.5
+        while time.monotonic() < window:
+            assert seen() == expected
+            time.sleep(0.02)
+        assert hook.snapshot() == {}  # handled by the owner: the client is never involved
+    finally:
+        pm.stop().get(timeout=DEADLINE_S)
+        ctl.stop().get(timeout=DEADLINE_S)
+    assert hook.snapshot() == {}

@@ -136,6 +136,21 @@ async def test_cancelling_one_awaiter_does_not_cancel_the_call(gate):
     assert await asyncio.wait_for(f, 10) == "done"
 
 
+def test_as_asyncio_needs_a_running_loop(gate):
+    f = gate.value.call_one()
+    with pytest.raises(RuntimeError):
+        f.as_asyncio()
+    assert f.get(timeout=10) == 11
+
+
+async def test_as_asyncio_is_non_consuming(gate):
+    f = gate.value.call_one()
+    a, b = f.as_asyncio(), f.as_asyncio()
+    assert a is not b
+    assert await a == 11 and await b == 11
+    assert f.get() == 11
+
+
 def test_await_without_running_loop_is_value_error(gate):
     f = gate.wait.call_one()
     try:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +15,16 @@ import cloudpickle
 import psutil
 import pytest
 
-from monarch.actor import Actor, Channel, Port, SupervisionError, endpoint, this_host, this_proc
+from monarch.actor import (
+    Actor,
+    Channel,
+    Port,
+    SupervisionError,
+    concurrent_endpoint,
+    endpoint,
+    this_host,
+    this_proc,
+)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -48,6 +59,36 @@ class WithCleanup(Actor):
 
     def __cleanup__(self, exc) -> None:
         self.port.send(f"cleanup after {self.seen} exc={exc!r}")
+
+
+class Blocky(Actor):
+    @endpoint
+    def block(self) -> None:
+        threading.Event().wait()
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+class Cancellable(Actor):
+    def __init__(self, port: Port[str]) -> None:
+        self.port = port
+
+    @concurrent_endpoint
+    async def wait_forever(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.port.send("task_cancelled")
+            raise
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+    async def __cleanup__(self, exc) -> None:
+        self.port.send("cleanup")
 
 
 class Caller(Actor):
@@ -100,6 +141,35 @@ def test_stop_runs_cleanup_after_pending_messages(procs1):
     assert receiver.recv().get(timeout=10) == "cleanup after 3 exc=None"
 
 
+def test_stop_cancels_concurrent_tasks_before_cleanup(procs1):
+    port, receiver = Channel.open()
+    m = procs1.spawn("cancellable", Cancellable, port)
+    pending = m.wait_forever.call_one()
+    assert m.ping.call_one().get(timeout=10) == "pong"
+    m.stop().get(timeout=10)
+    assert [receiver.recv().get(timeout=10) for _ in range(2)] == ["task_cancelled", "cleanup"]
+    with pytest.raises(SupervisionError):
+        pending.get(timeout=10)
+
+
+def test_actor_mesh_stop_is_idempotent(procs1):
+    m = procs1.spawn("c", Counter)
+    assert m.incr.call_one().get(timeout=10) == 1
+    m.stop().get(timeout=10)
+    m.stop().get(timeout=10)
+    other = procs1.spawn("other", Counter)
+    assert other.incr.call_one().get(timeout=10) == 1
+
+
+def test_proc_mesh_stop_fails_calls_in_flight(procs1):
+    b = procs1.spawn("blocky", Blocky)
+    assert b.ping.call_one().get(timeout=10) == "pong"
+    in_flight = b.block.call_one()
+    procs1.stop().get(timeout=20)
+    with pytest.raises(SupervisionError, match="stopped"):
+        in_flight.get(timeout=10)
+
+
 def test_local_actor_stop():
     m = this_proc().spawn("local", Counter)
     assert m.incr.call_one().get(timeout=10) == 1
@@ -132,12 +202,6 @@ async def test_proc_mesh_async_context_manager():
     assert wait_gone([pid]) == []
 
 
-@pytest.mark.xfail(
-    reason="BUG: a worker's 'actor stopped' report is queued on a not-yet-authenticated "
-    "connection and dropped when the worker shuts down, so ProcMesh.stop() raises a spurious "
-    "MeshFailure (default hook: client exits 1)",
-    strict=True,
-)
 def test_proc_mesh_stop_without_any_reply_is_not_a_failure():
     code = textwrap.dedent(
         """
@@ -186,6 +250,25 @@ SHUTDOWN_SCRIPT = textwrap.dedent(
     print("RESULT " + json.dumps([first, second]), flush=True)
     """
 )
+
+
+def test_client_cannot_restart_after_shutdown_context():
+    code = textwrap.dedent(
+        """
+        from monarch.actor import shutdown_context, this_host
+        this_host().spawn_procs(per_host={"gpus": 1}).stop().get(timeout=10)
+        shutdown_context().get(timeout=10)
+        try:
+            pm = this_host().spawn_procs(per_host={"gpus": 1})
+        except RuntimeError as e:
+            print("RESULT refused", flush=True)
+        else:
+            pm.stop().get(timeout=10)
+            print("RESULT restarted", flush=True)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=45, cwd=REPO)
+    assert "RESULT refused" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_shutdown_context_is_idempotent_and_ends_workers():

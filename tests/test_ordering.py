@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 
 import cloudpickle
 import pytest
@@ -72,6 +73,7 @@ def test_fifo_across_adverbs(procs1, where):
 def test_fifo_per_sender_with_two_senders(procs2):
     log = procs2.spawn("log", Log).slice(gpus=0)
     sender = procs2.spawn("sender", Sender).slice(gpus=1)
+    assert log.get.call_one().get(timeout=10) == []  # spawned before it is shared
     n = 1000
     done = sender.blast.call_one(log, n)
     for i in range(n):
@@ -81,3 +83,35 @@ def test_fifo_per_sender_with_two_senders(procs2):
     assert len(entries) == 2 * n + 1
     assert [i for who, i in entries if who == "c"] == list(range(n))
     assert [i for who, i in entries if who == "s"] == list(range(n + 1))
+
+
+def test_fifo_per_client_thread_and_replies_matched(procs1):
+    log = procs1.spawn("log", Log)
+    n, threads_n = 400, 4
+    errors: list = []
+    barrier = threading.Barrier(threads_n)
+
+    def client_thread(t: int) -> None:
+        try:
+            barrier.wait(10)
+            futures = []
+            for i in range(n):
+                if i % 2:
+                    log.append.broadcast((t, i))
+                else:
+                    futures.append(log.append.call_one((t, i)))
+            positions = [f.get(timeout=30) for f in futures]
+            assert positions == sorted(positions)
+        except BaseException as e:  # asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client_thread, args=(t,)) for t in range(threads_n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert errors == []
+    entries = log.get.call_one().get(timeout=30)
+    assert len(entries) == n * threads_n
+    for t in range(threads_n):
+        assert [i for who, i in entries if who == t] == list(range(n))

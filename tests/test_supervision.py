@@ -31,6 +31,7 @@ from monarch.actor import (
     MeshFailure,
     Port,
     SupervisionError,
+    concurrent_endpoint,
     context,
     endpoint,
     this_host,
@@ -217,7 +218,7 @@ class Worker(Actor):
 
 
 class Ballast(Worker):
-    def __init__(self, ballast: bytes) -> None:
+    def __init__(self, ballast: str) -> None:
         super().__init__()
         self.size = len(ballast)
 
@@ -248,8 +249,61 @@ class WithCleanup(Actor):
         context().actor_instance.stop()
         return "stopping"
 
+    @endpoint
+    def bump(self) -> None:
+        self.counter.incr.call_one().get(timeout=10)
+
     def __cleanup__(self, exc: Any) -> None:
         self.counter.incr.call_one().get(timeout=10)
+
+
+class AsyncWithCleanup(Actor):
+    """Its ``__cleanup__`` reports whether the running concurrent endpoint was cancelled first."""
+
+    def __init__(self, log: Any) -> None:
+        self.log = log
+        self.cancelled = False
+
+    @concurrent_endpoint
+    async def wait_forever(self) -> str:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return "never"
+
+    @endpoint
+    async def check(self) -> str:
+        return "alive"
+
+    async def __cleanup__(self, exc: Any) -> None:
+        await self.log.add.call_one("task_cancelled" if self.cancelled else "task_still_running")
+        await self.log.add.call_one("cleanup")
+
+
+class Log(Actor):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    @endpoint
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+
+    @endpoint
+    def get(self) -> list[str]:
+        return list(self.lines)
+
+
+class Wrapper(Actor):
+    """Owns two meshes whose actors have a ``__cleanup__``."""
+
+    def __init__(self, counter: Any, procs: Any) -> None:
+        self.inner = [procs.spawn(f"inner_{i}", WithCleanup, counter) for i in range(2)]
+
+    @endpoint
+    def check(self) -> list[str]:
+        return [m.check.call_one().get(timeout=10) for m in self.inner]
 
 
 def _failure_record(failure: MeshFailure) -> dict[str, Any]:
@@ -277,8 +331,11 @@ class Owner(Actor):
 
     @endpoint
     def spawn_heavy(self, procs: Any, name: str, megabytes: int) -> Any:
-        """Spawn with a large constructor argument and hand the mesh out at once."""
-        self.children = procs.spawn(name, Ballast, bytes(megabytes << 20))
+        """Spawn with a large constructor argument and hand the mesh out at once.
+
+        A str is pickled inside the message itself (large bytes would travel out of band),
+        so the spawn message really takes a while to cross the socket."""
+        self.children = procs.spawn(name, Ballast, "x" * (megabytes << 20))
         return self.children
 
     @endpoint
@@ -451,28 +508,29 @@ FAILURE_SOURCES = {
 def test_failure_source_reaches_client_hook_within_a_second(source: str, procs: Any, faults: FaultRecorder) -> None:
     trigger, cause = FAILURE_SOURCES[source]
     pm = procs(1)
-    mesh = pm.spawn(f"victim_{source.replace('-', '_')}", Worker)
+    name = f"victim_{source.replace('-', '_')}"
+    mesh = pm.spawn(name, Worker)
     assert mesh.check.call_one().get(timeout=DEADLINE_S) == "this is a healthy check"
 
     start = time.monotonic()
     trigger(mesh)
-    (failure,) = faults.wait_for(mesh._mesh_name, 1)
-    latency = faults.times(mesh._mesh_name)[0] - start
+    (failure,) = faults.wait_for(name, 1)
+    latency = faults.times(name)[0] - start
     assert latency < DETECT_S, f"{source} took {latency:.2f}s to reach the client"
 
     assert isinstance(failure, MeshFailure)
-    assert failure.mesh_name == mesh._mesh_name
+    assert failure.mesh_name == name
     assert failure.crashed_ranks == [0]
     report = failure.report()
     assert DESCENDANTS in report and cause in report, report
-    assert str(failure).startswith(f"MeshFailure(mesh_name={mesh._mesh_name}, crashed_ranks=[0], event=")
+    assert str(failure).startswith(f"MeshFailure(mesh_name={name}, crashed_ranks=[0], event=")
     with pytest.raises(TypeError):
         cloudpickle.dumps(failure)
     # The mesh is now known failed: a call fails at once and names the cause.
-    with pytest.raises(SupervisionError, match=f"{mesh._mesh_name}.check") as err:
+    with pytest.raises(SupervisionError, match=f"{name}.check") as err:
         mesh.check.call_one().get(timeout=DETECT_S)
     assert cause in str(err.value)
-    stays(lambda: len(faults.of(mesh._mesh_name)) == 1, what="exactly one fault")
+    stays(lambda: len(faults.of(name)) == 1, what="exactly one fault")
 
 
 def test_init_exception_reported_once_per_rank(procs: Any, faults: FaultRecorder) -> None:
@@ -656,17 +714,11 @@ def test_failures_go_to_the_owner_not_to_reference_holders(procs: Any, faults: F
     assert len(owner.seen.call_one().get(timeout=DEADLINE_S)) == 1
 
 
-@pytest.mark.xfail(
-    reason="BUG: a message from a reference holder can overtake the owner's spawn message (no "
-    "causal order across connections); the target process answers 'no actor ... (it was stopped, "
-    "or never spawned here)' (instance.py handle_message) instead of delivering after the spawn",
-    strict=True,
-)
 def test_mesh_reference_usable_right_after_spawn(procs: Any, faults: FaultRecorder) -> None:
     ctl = procs(1)
     pm = procs(1)
     owner = ctl.spawn("eager_owner", Owner, "handled")
-    children = owner.spawn_heavy.call_one(pm, "handed_out", 32).get(timeout=DEADLINE_S)
+    children = owner.spawn_heavy.call_one(pm, "handed_out", 64).get(timeout=DEADLINE_S)
     assert children.check.call_one().get(timeout=DEADLINE_S) == "this is a healthy check"
 
 
@@ -768,21 +820,16 @@ def test_raising_in_supervise_chains_a_new_failure(procs: Any, faults: FaultReco
         owner.check.call_one().get(timeout=DEADLINE_S)
 
 
-@pytest.mark.xfail(
-    reason="BUG: a BaseException raised by __supervise__ escapes the actor's mailbox loop "
-    "(instance.py _thread_main/_task_main catch only Exception): nothing is reported and the actor "
-    "stops answering",
-    strict=True,
-)
 def test_base_exception_in_supervise_is_reported_not_silent(procs: Any, faults: FaultRecorder) -> None:
     pm = procs(2)
     owner = pm.slice(gpus=0).spawn("panicky_owner", Owner, "raise_base")
     children = owner.spawn_children.call_one(pm.slice(gpus=1), "panicky_child").get(timeout=DEADLINE_S)
     children.raise_base.broadcast("child failure")
-    (f,) = faults.wait_for("panicky_owner", 1, timeout=5)
+    (f,) = faults.wait_for("panicky_owner", 1)
     assert "the supervisor raised a BaseException" in f.report()
-    with pytest.raises(SupervisionError):
-        owner.check.call_one().get(timeout=5)
+    assert "This error occurred while handling another failure" in f.report()
+    with pytest.raises(SupervisionError, match="panicky_owner"):
+        owner.check.call_one().get(timeout=DEADLINE_S)
 
 
 @pytest.mark.parametrize("verdict", ["handled", "propagate"])
@@ -802,20 +849,16 @@ def test_async_supervise_runs_on_the_actor_loop(verdict: str, procs: Any, faults
         assert "async child failure" in f.report()
 
 
-@pytest.mark.xfail(
-    reason="BUG: on an actor with sync endpoints, an async __supervise__ is called on the actor's "
-    "thread and its coroutine is never awaited; the coroutine object is truthy, so every failure "
-    "counts as handled (instance.py _thread_main, _SUPERVISE branch)",
-    strict=True,
-)
 def test_async_supervise_on_sync_actor_propagates_falsy(procs: Any, faults: FaultRecorder) -> None:
     pm = procs(2)
     owner = pm.slice(gpus=0).spawn("mixed_owner", SyncActorAsyncSupervise)
     children = owner.spawn_children.call_one(pm.slice(gpus=1), "mixed_child").get(timeout=DEADLINE_S)
     children.raise_base.broadcast("mixed child failure")
-    (f,) = faults.wait_for("mixed_owner", 1, timeout=5)
-    assert "mixed child failure" in f.report()
-    assert owner.calls_seen.call_one().get(timeout=5) == 1
+    # The coroutine is awaited (not taken as a truthy object): False propagates to the client.
+    (f,) = faults.wait_for("mixed_owner", 1)
+    assert "a mesh it owns failed and was not handled" in f.report() and "mixed child failure" in f.report()
+    with pytest.raises(SupervisionError, match="mixed_owner"):
+        owner.calls_seen.call_one().get(timeout=DEADLINE_S)
 
 
 # -- 5. lifecycle ---------------------------------------------------------------------------------
@@ -828,8 +871,11 @@ def test_actor_mesh_stop_runs_cleanup_and_later_calls_fail(procs: Any, faults: F
         sibling = pm.spawn("sibling", Worker)
         mesh = pm.spawn("with_cleanup", WithCleanup, counter)
         assert mesh.check.call_one().get(timeout=DEADLINE_S) == "alive"
+        for _ in range(3):
+            mesh.bump.broadcast()
         mesh.stop().get(timeout=DEADLINE_S)
-        assert counter.value.call_one().get(timeout=DEADLINE_S) == 1
+        # The three messages sent before stop() were handled, then __cleanup__ ran once.
+        assert counter.value.call_one().get(timeout=DEADLINE_S) == 4
         with pytest.raises(SupervisionError, match="stopped"):
             mesh.check.call_one().get(timeout=DETECT_S)
         assert sibling.check.call_one().get(timeout=DEADLINE_S) == "this is a healthy check"
@@ -912,6 +958,67 @@ def test_abort_reports_the_reason(reason: str | None, expected: str, procs: Any,
     assert expected in f.report() and DESCENDANTS in f.report()
     with pytest.raises(SupervisionError, match=expected):
         mesh.check.call_one().get(timeout=DETECT_S)
+
+
+def test_stop_cancels_concurrent_endpoints_before_cleanup(procs: Any, faults: FaultRecorder) -> None:
+    pm = procs(1)
+    log = this_proc().spawn("cleanup_log", Log)
+    try:
+        mesh = pm.spawn("async_cleanup", AsyncWithCleanup, log)
+        pending = mesh.wait_forever.call_one()
+        assert mesh.check.call_one().get(timeout=DEADLINE_S) == "alive"
+        mesh.stop().get(timeout=DEADLINE_S)
+        # The caller of the cancelled endpoint is told, instead of waiting forever.
+        with pytest.raises(SupervisionError, match="wait_forever"):
+            pending.get(timeout=DEADLINE_S)
+        assert log.get.call_one().get(timeout=DEADLINE_S) == ["task_cancelled", "cleanup"]
+        assert faults.all() == []
+    finally:
+        log.stop().get(timeout=DEADLINE_S)
+
+
+def test_proc_mesh_stop_fails_a_call_stuck_on_a_busy_actor(faults: FaultRecorder) -> None:
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        mesh = pm.spawn("stuck", Worker)
+        started, busy = Channel[int].open()
+        pending = mesh.block.call_one(started)
+        assert busy.recv().get(timeout=DEADLINE_S) == 0
+        stopping = pm.stop()
+        # The actor never finishes its message: the process is ended anyway and the caller told.
+        with pytest.raises(SupervisionError, match="stuck.block"):
+            pending.get(timeout=DEADLINE_S)
+        stopping.get(timeout=DEADLINE_S)
+    finally:
+        pm.stop().get(timeout=DEADLINE_S)
+
+
+def test_stopping_an_owner_stops_the_meshes_it_owns(procs: Any, faults: FaultRecorder) -> None:
+    pm = procs(1)
+    counter = this_proc().spawn("wrapper_counter", Counter)
+    try:
+        wrapper = pm.spawn("wrapper", Wrapper, counter, pm)
+        assert wrapper.check.call_one().get(timeout=DEADLINE_S) == ["alive", "alive"]
+        wrapper.stop().get(timeout=DEADLINE_S)
+        wait_until(lambda: counter.value.call_one().get(timeout=DEADLINE_S) == 2, timeout=3, what="both owned meshes' __cleanup__")
+    finally:
+        counter.stop().get(timeout=DEADLINE_S)
+
+
+def test_rank_reported_once_even_when_its_process_dies_later(faults: FaultRecorder) -> None:
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        mesh = pm.spawn("fails_then_dies", Worker)
+        pid = mesh.pid.call_one().get(timeout=DEADLINE_S)
+        mesh.raise_base.broadcast("first the actor fails")
+        faults.wait_for("fails_then_dies", 1)
+        kill(pid)
+        # stop() resolves only after the exit has been processed by the supervision layer.
+        pm.stop().get(timeout=DEADLINE_S)
+        (f,) = faults.of("fails_then_dies")
+        assert "first the actor fails" in f.report()
+    finally:
+        pm.stop().get(timeout=DEADLINE_S)
 
 
 # -- 3. the client's unhandled_fault_hook, in a child interpreter --------------------------------------
@@ -1022,3 +1129,32 @@ def test_raising_hook_is_called_once_then_client_exits_1() -> None:
     assert "HOOK-CALLS ['raising_hook_mesh']" in proc.stdout
     assert "STILL-RUNNING" not in proc.stdout and "ATEXIT-RAN" in proc.stdout
     assert "Unhandled monarch error on the root actor" in proc.stderr and "the hook raises" in proc.stderr
+
+
+def test_workers_exit_when_the_client_is_killed() -> None:
+    script = SCRIPT_HEADER + textwrap.dedent(
+        """
+        class Pid(Actor):
+            @endpoint
+            def pid(self):
+                return os.getpid()
+
+        pm = this_host().spawn_procs(per_host={"gpus": 2})
+        pids = list(pm.spawn("orphans", Pid).pid.call().get(timeout=20).values())
+        print("PIDS", *pids, flush=True)
+        time.sleep(60)
+        """
+    )
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        line = client.stdout.readline() if client.stdout else ""
+        assert line.startswith("PIDS"), line
+        pids = [int(p) for p in line.split()[1:]]
+        assert len(pids) == 2
+        client.kill()  # SIGKILL: no atexit, no shutdown_context
+        client.wait(timeout=10)
+        assert_gone(pids)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()

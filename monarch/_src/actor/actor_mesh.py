@@ -90,7 +90,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         from monarch._src.actor.proc_mesh import stop_actors
 
         supervision.mark_stopped(self._key, reason)
-        return stop_actors(self._key, [a for _, a in self._destinations()])
+        return stop_actors(self._key, self._dest_addresses(), self._mesh_name)
 
     @property
     def initialized(self) -> Future[None]:

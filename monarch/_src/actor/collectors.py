@@ -69,6 +69,33 @@ class GatherCollector(PortHandler):
         self.stop_expecting()
 
 
+class AllDoneCollector(PortHandler):
+    """Resolves with None once ``count`` replies arrived or their senders died (stop requests:
+    a process that is gone has stopped its actors too)."""
+
+    def __init__(self, count: int) -> None:
+        self.future: Future[None] = Future._new()
+        self._left = count
+        self._lock = threading.Lock()
+        self.open()
+        if count == 0:
+            self.close()
+            self.future._set_result(None)
+
+    def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
+        with self._lock:
+            self._left -= 1
+            done = self._left == 0
+        if done:
+            self.close()
+            self.stop_expecting()
+            self.future._set_result(None)
+
+    def fail(self, exc: BaseException) -> None:
+        self.close()
+        self.future._set_result(None)
+
+
 class StreamCollector(PortHandler):
     """``count`` futures resolved in the order replies arrive (``stream``)."""
 

@@ -139,21 +139,28 @@ class ActorInstance:
 
     # -- mailbox ----------------------------------------------------------------------------
 
-    def start(self, init: tuple) -> None:
-        """Begin processing; ``__init__`` runs before any queued endpoint message."""
+    def enqueue_init(self, init: tuple) -> None:
+        """Queue ``__init__`` first, before any message can be queued (call before registering)."""
         if self.is_async:
-            rt = runtime()
             self._deque.append((_INIT, None, init))
-            rt.loop_thread.call_soon(self._start_task)
         else:
             self._queue = queue.SimpleQueue()
             self._queue.put((_INIT, None, init))
+
+    def start(self) -> None:
+        """Begin processing the mailbox (``__init__`` first)."""
+        if self.is_async:
+            rt = runtime()
+            rt.loop_thread.call_soon(self._start_task)
+        else:
             threading.Thread(target=self._thread_main, name=f"monarch-actor-{self.name}", daemon=True).start()
 
     def put(self, item: tuple) -> None:
         q = self._queue
         if q is not None:
             q.put(item)
+            if self.stopped:  # raced with the stop: nobody will take it from the queue
+                self._reject_queued()
             return
         rt = runtime()
         if rt.on_loop_thread():
@@ -163,9 +170,25 @@ class ActorInstance:
 
     def _put_on_loop(self, item: tuple) -> None:
         self._deque.append(item)
+        if self.stopped:
+            self._reject_queued()
+            return
         w = self._wakeup
         if w is not None and not w.done():
             w.set_result(None)
+
+    def _reject_queued(self) -> None:
+        """Answer what is left in the mailbox of a stopped actor, so no caller waits forever."""
+        while True:
+            try:
+                kind, header, _ = self._queue.get_nowait() if self._queue is not None else self._deque.popleft()
+            except (queue.Empty, IndexError):
+                return
+            spec = header.get("p") if isinstance(header, dict) else None
+            if kind == _MESSAGE and spec:
+                Port(spec[0], spec[1], header.get("r")).exception(self._unavailable_error(header["e"]))
+            elif kind == _STOP:
+                self._stopped(header)
 
     # -- runners ----------------------------------------------------------------------------
 
@@ -391,7 +414,24 @@ class ActorInstance:
 
     # -- stopping ---------------------------------------------------------------------------
 
+    def _stop_owned_meshes(self) -> list[Any]:
+        """Stopping an actor stops the meshes it owns first (their ``__cleanup__`` runs first)."""
+        from monarch._src.actor.proc_mesh import stop_actors
+        from monarch._src.actor.supervision import mark_stopped, owned_meshes
+
+        futures = []
+        for key, name, addresses in owned_meshes(self.key):
+            mark_stopped(key, f"its owner {self.name} stopped")
+            if addresses:
+                futures.append(stop_actors(key, addresses, name))
+        return futures
+
     def _stop_sync(self, header: dict | None) -> None:
+        for f in self._stop_owned_meshes():
+            try:
+                f.get(timeout=CLEANUP_TIMEOUT_S)
+            except TimeoutError:
+                pass
         cleanup = getattr(self.actor, "__cleanup__", None)
         if cleanup is not None:
             try:
@@ -405,6 +445,9 @@ class ActorInstance:
             t.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        owned = self._stop_owned_meshes()
+        if owned:
+            await asyncio.wait([asyncio.ensure_future(_await(f)) for f in owned], timeout=CLEANUP_TIMEOUT_S)
         cleanup = getattr(self.actor, "__cleanup__", None)
         if cleanup is not None:
             try:
@@ -416,9 +459,12 @@ class ActorInstance:
     def _stopped(self, header: dict | None) -> None:
         from monarch._src.actor.supervision import actor_stopped
 
-        self.stopped = True
-        this_proc_state.unregister_actor(self.key)
-        actor_stopped(self)
+        if not self.stopped:
+            self.stopped = True
+            _forget(self.key)
+            this_proc_state.unregister_actor(self.key)
+            actor_stopped(self)
+            self._reject_queued()
         spec = header.get("p") if header else None
         if spec:
             Port(spec[0], spec[1], header.get("r")).send(None)  # type: ignore[union-attr]
@@ -471,33 +517,79 @@ def handle_spawn(header: dict, bodies: list) -> None:
         creator=CreatorInstance(*creator) if creator else None,
         owner=tuple(header["o"]) if header.get("o") else None,  # type: ignore[arg-type]
     )
-    this_proc_state.register_actor(inst)
+    inst.enqueue_init(init)
+    with _early_lock:
+        this_proc_state.register_actor(inst)
+        if _early:
+            _release_early(inst)
     if header.get("boot"):
-        inst.start(init)  # the bootstrap actor is what the readiness gate waits for
+        inst.start()  # the bootstrap actor is what the readiness gate waits for
     else:
-        this_proc_state.when_proc_ready(lambda: inst.start(init))
+        this_proc_state.when_proc_ready(inst.start)
 
 
 #: Actors this process creates on first use (e.g. the client's controller registry), by key.
 on_demand_actors: dict[str, Callable[[], None]] = {}
 
 
+#: Messages for actors whose spawn has not arrived yet: a mesh reference can travel by another
+#: route (another process) and overtake the spawn. Held for at most EARLY_MESSAGE_TIMEOUT_S.
+EARLY_MESSAGE_TIMEOUT_S = 30.0
+_early: dict[str, list[tuple[dict, list]]] = {}
+_early_lock = threading.Lock()
+#: Keys of actors stopped here (bounded), so that late messages fail at once.
+_gone: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+
 def handle_message(header: dict, bodies: list) -> None:
-    inst = this_proc_state.lookup(header["d"])
-    if inst is None and header["d"] in on_demand_actors:
-        on_demand_actors[header["d"]]()
-        inst = this_proc_state.lookup(header["d"])
+    key = header["d"]
+    inst = this_proc_state.lookup(key)
+    if inst is None and key in on_demand_actors:
+        on_demand_actors[key]()
+        inst = this_proc_state.lookup(key)
     if inst is None:
-        spec = header.get("p")
-        if spec:
-            Port(spec[0], spec[1], header.get("r")).exception(
-                SupervisionError(
-                    f"Endpoint call {header['e']}() failed, no actor {header['d']} in process {os.getpid()} "
-                    "(it was stopped, or never spawned here)"
-                )
-            )
-        return
+        with _early_lock:
+            inst = this_proc_state.lookup(key)  # the spawn may have landed meanwhile
+            if inst is None and key not in _gone:
+                held = _early.get(key)
+                if held is None:
+                    held = _early[key] = []
+                    rt = runtime()
+                    rt.loop_thread.call_soon(rt.loop.call_later, EARLY_MESSAGE_TIMEOUT_S, _expire_early, key)
+                held.append((header, bodies))
+                return
+        if inst is None:
+            _reject(header, "it was stopped")
+            return
     inst.put((_MESSAGE, header, bodies))
+
+
+def _reject(header: dict, why: str) -> None:
+    spec = header.get("p")
+    if spec:
+        Port(spec[0], spec[1], header.get("r")).exception(
+            SupervisionError(f"Endpoint call {header['e']}() failed, no actor {header['d']} in process {os.getpid()} ({why})")
+        )
+
+
+def _expire_early(key: str) -> None:
+    with _early_lock:
+        held = _early.pop(key, None)
+    for header, _ in held or ():
+        _reject(header, f"it was not spawned here within {EARLY_MESSAGE_TIMEOUT_S:.0f} s")
+
+
+def _release_early(inst: "ActorInstance") -> None:
+    """Queue the messages that arrived before this actor's spawn, in order (lock held)."""
+    for header, bodies in _early.pop(inst.key, None) or ():
+        inst.put((_MESSAGE, header, bodies))
+
+
+def _forget(key: str) -> None:
+    with _early_lock:
+        _gone[key] = None
+        while len(_gone) > 4096:
+            _gone.popitem(last=False)
 
 
 def handle_stop_actor(header: dict, bodies: list) -> None:

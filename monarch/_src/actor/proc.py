@@ -24,6 +24,12 @@ PORT_KIND = 3
 STOP_ACTOR_KIND = 4
 STOP_PROC_KIND = 5
 SUPERVISION_KIND = 6
+#: Output lines forwarded by a spawner to the process that asked for them (log_forwarding).
+LOG_KIND = 7
+#: Ask a worker to write a flush marker on its stdout and stderr.
+LOG_FLUSH_KIND = 8
+#: ``ProcMesh.logging_option`` applied by one worker (and, through its pipes, its spawner).
+LOG_OPTION_KIND = 9
 
 #: actor key -> the actor living in this process.
 actors: dict[str, "ActorInstance"] = {}
@@ -38,8 +44,13 @@ def runtime() -> Runtime:
 
 
 def _install(rt: Runtime) -> None:
-    from monarch._src.actor import instance, port, supervision
+    from monarch._src.actor import instance, log_forwarding, log_prefix, port, supervision
     from monarch._src.actor.future import set_loop_thread_probe
+    from monarch._src.runtime import framework_log
+
+    if not _is_worker:
+        framework_log.setup_client()  # a worker's bootstrap set up its own already
+    log_prefix.install()
 
     rt.register(MSG_KIND, instance.handle_message)
     rt.register(SPAWN_KIND, instance.handle_spawn)
@@ -47,6 +58,9 @@ def _install(rt: Runtime) -> None:
     rt.register(STOP_ACTOR_KIND, instance.handle_stop_actor)
     rt.register(STOP_PROC_KIND, instance.handle_stop_proc)
     rt.register(SUPERVISION_KIND, supervision.handle_supervision_frame)
+    rt.register(LOG_KIND, log_forwarding.handle_log)
+    rt.register(LOG_FLUSH_KIND, log_forwarding.handle_log_flush)
+    rt.register(LOG_OPTION_KIND, log_forwarding.handle_log_option)
     rt.on_peer_lost(supervision.peer_lost)
     set_loop_thread_probe(lambda: rt.loop_thread.ident)
     if not _is_worker:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Protocol, TypeVar
 from monarch._src.actor import supervision
 from monarch._src.actor.actor import Actor, validate_actor_class
 from monarch._src.actor.actor_mesh import ActorMesh
-from monarch._src.actor.collectors import GatherCollector
+from monarch._src.actor.collectors import AllDoneCollector
 from monarch._src.actor.context import context
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.future import Future
@@ -38,28 +38,16 @@ class ProcOwner(Protocol):
     def stopped(self) -> bool: ...
 
 
-def _wait_for_replies(addresses: list[str], send: Callable[[list[Any], int], None]) -> Future[None]:
-    """Send one request per address with a reply port; resolve when all have answered."""
-    if not addresses:
-        return Future._completed(None)
-    collector = GatherCollector(Shape.from_extent(Extent(["ranks"], [len(addresses)])), len(addresses))
-    result: Future[None] = Future._new()
-    collector.future._add_done_callback(
-        lambda f: result._set_exception(f._exc) if f._exc is not None else result._set_result(None)
-    )
-    collector.expect_from(addresses)
-    spec = [runtime().address, collector.port_id]
-    for i, _ in enumerate(addresses):
-        send(spec, i)
-    return result
-
-
-def stop_actors(key: str, addresses: list[str]) -> Future[None]:
+def stop_actors(key: str, addresses: list[str], label: str = "mesh") -> Future[None]:
+    """Ask each process to stop its actor of mesh ``key``; resolves when all have (or are gone)."""
     rt = runtime()
-    return _wait_for_replies(
-        addresses,
-        lambda spec, i: rt.send(addresses[i], {"k": STOP_ACTOR_KIND, "d": key, "p": spec, "r": i}, []),
-    )
+    collector = AllDoneCollector(len(addresses))
+    collector.label = f"{label}.stop"
+    collector.expect_from(addresses)
+    spec = [rt.address, collector.port_id]
+    for i, address in enumerate(addresses):
+        rt.send(address, {"k": STOP_ACTOR_KIND, "d": key, "p": spec, "r": i}, [])
+    return collector.future
 
 
 class ProcMesh(MeshTrait):
@@ -179,19 +167,18 @@ class ProcMesh(MeshTrait):
         mid = log_forwarding.mesh_log_id(self._addresses)
         addresses = self._proc_addresses()
         extent = self._mesh_shape.extent
-        if stream:  # ready for the first lines before any worker starts sending them
-            log_forwarding.set_client_options(mid, True, window)
+        if stream:  # somewhere for the first lines to go before any worker sends them
+            log_forwarding.prepare_client(mid, window)
 
-        def send(spec: list[Any], i: int) -> None:
-            options: dict[str, Any] = {"s": stream, "d": rt.address, "m": mid, "v": level}
+        def options(i: int) -> dict[str, Any]:
+            o: dict[str, Any] = {"s": stream, "d": rt.address, "m": mid, "v": level}
             if prefix_with_rank:
-                point = Point(i, extent)
-                options["x"] = "[" + ",".join(f"{k}={v}" for k, v in point.items()) + "] "
-            rt.send(addresses[i], {"k": LOG_OPTION_KIND, "p": spec, "r": i, "o": options}, [])
+                o["x"] = "[" + ",".join(f"{k}={v}" for k, v in Point(i, extent).items()) + "] "
+            return {"o": o}
 
-        await _wait_for_replies(addresses, send)
-        if not stream:  # nothing more is on its way: write what is still buffered
-            log_forwarding.set_client_options(mid, False, window)
+        await log_forwarding.ask_workers(addresses, LOG_OPTION_KIND, options)
+        # Every worker's output up to the switch has arrived: apply the client's half.
+        log_forwarding.set_client_options(mid, stream, window)
 
     def activate(self) -> Any:
         raise NotImplementedError("the tensor engine (activate) is not part of monarch-aio")

@@ -101,6 +101,16 @@ def mesh_error(mesh_key: str, mesh_name: str, endpoint: str, addresses: list[str
     return None
 
 
+def owned_meshes(owner_key: str) -> list[tuple[str, str, list[str]]]:
+    """(mesh key, name, addresses of live ranks) of every mesh ``owner_key`` spawned."""
+    with _lock:
+        return [
+            (key, m.name, [a for i, a in enumerate(m.addresses) if i not in m.done])
+            for key, m in _owned.items()
+            if m.owner_key == owner_key
+        ]
+
+
 def mark_stopped(mesh_key: str, reason: str) -> None:
     _stopped[mesh_key] = reason
 

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 from monarch._src.actor import proc_mesh as proc_mesh_module
 from monarch._src.actor.future import Future
 from monarch._src.actor.proc_mesh import ProcMesh, run_bootstrap
+from monarch._src.host.log_capture import flush_at_exit
 from monarch._src.host.spawner import ProcGroup, stop_all_groups
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.mesh_trait import MeshTrait
@@ -128,9 +129,11 @@ def shutdown_context() -> Future[None]:
         if _shutdown_done:
             return Future._completed(None)
         _shutdown_done = True
+    Runtime.retired = True
     rt = Runtime.current()
     if rt is not None:
         stop_all_groups(timeout=1.0)
+        flush_at_exit()  # what the workers printed last, and buffered aggregation, before exit
         rt.shutdown()
     return Future._completed(None)
 

@@ -18,8 +18,12 @@ import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 from monarch._src.actor.future import Future
+from monarch._src.actor import config as actor_config
 from monarch._src.actor import supervision
+from monarch._src.actor.log_forwarding import CAPTURE_ENV
 from monarch._src.actor.proc import STOP_PROC_KIND, runtime
+from monarch._src.host import log_capture
+from monarch._src.runtime import framework_log
 from monarch._src.runtime.bootstrap import BOOTSTRAP_ENV
 from monarch._src.runtime.runtime import ADDRESS_PREFIX, bind_unix_socket
 from monarch._src.transport.auth import SECRET_ENV
@@ -31,6 +35,15 @@ INIT_MODULES = ["monarch._src.actor.proc"]
 
 _live_groups: "weakref.WeakSet[ProcGroup]" = weakref.WeakSet()
 _groups_lock = threading.Lock()
+
+
+def worker_pythonpath(existing: str | None) -> str:
+    """The client's import path (absolute) followed by any PYTHONPATH already set."""
+    paths = [os.path.abspath(p or os.curdir) for p in sys.path if not p.endswith(".zip")]
+    paths = [p for p in paths if os.path.isdir(p)]
+    if existing:
+        paths.append(existing)
+    return os.pathsep.join(dict.fromkeys(paths))  # in order, without duplicates
 
 
 def describe_exit(returncode: int) -> str:
@@ -46,9 +59,14 @@ def describe_exit(returncode: int) -> str:
 class ProcGroup:
     """The OS processes behind one ``spawn_procs`` call, owned by the spawning process."""
 
-    def __init__(self, name: str, envs: Sequence[Mapping[str, str]], gated: bool = False) -> None:
+    def __init__(
+        self, name: str, envs: Sequence[Mapping[str, str]], gated: bool = False, capture_output: bool = True
+    ) -> None:
         rt = runtime()
         self.name = name
+        #: Read the workers' stdout/stderr (log_capture); False: they inherit this process's.
+        self.capture_output = capture_output
+        self.captures: list[log_capture.OutputCapture | None] = []
         self.addresses: list[str] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.returncodes: list[int | None] = []
@@ -65,15 +83,27 @@ class ProcGroup:
             raise
         with _groups_lock:
             _live_groups.add(self)
+        if capture_output:
+            log_capture.maybe_register_ipython_hook()
 
     def _start_one(self, rt: Any, rank: int, extra_env: Mapping[str, str], root: str, gated: bool) -> None:
         path = rt.new_socket_path()
         sock = bind_unix_socket(path)
         death_r, death_w = os.pipe()
+        out_r = out_w = err_r = err_w = -1
         try:
             env = dict(os.environ)
             env.update(extra_env)
             env["MONARCH_ROOT_ADDRESS"] = root
+            # Workers import what the client can: classes defined next to the script or in
+            # test modules unpickle there by reference.
+            env["PYTHONPATH"] = worker_pythonpath(env.get("PYTHONPATH"))
+            env[framework_log.LOG_DIR_ENV] = framework_log.log_dir()
+            env[actor_config.PREFIX_ENV] = "1" if actor_config.prefix_python_logs_with_actor else "0"
+            if self.capture_output:
+                env[CAPTURE_ENV] = "1"
+                out_r, out_w = log_capture.make_pipe()
+                err_r, err_w = log_capture.make_pipe()
             env[SECRET_ENV] = rt.secret.hex()
             env[BOOTSTRAP_ENV] = json.dumps(
                 {
@@ -90,10 +120,26 @@ class ProcGroup:
                 [sys.executable, "-m", WORKER_MODULE],
                 pass_fds=(sock.fileno(), death_r),
                 env=env,
+                stdout=out_w if out_w >= 0 else None,
+                stderr=err_w if err_w >= 0 else None,
             )
+        except BaseException:
+            for fd in (out_r, err_r):
+                if fd >= 0:
+                    os.close(fd)
+            raise
         finally:
             sock.close()
             os.close(death_r)
+            for fd in (out_w, err_w):
+                if fd >= 0:
+                    os.close(fd)
+        if out_r >= 0:
+            capture = log_capture.OutputCapture(f"{self.name} rank {rank}", out_r, err_r)
+            rt.loop_thread.call_soon(capture.start)
+            self.captures.append(capture)
+        else:
+            self.captures.append(None)
         self.procs.append(proc)
         self.addresses.append(ADDRESS_PREFIX + path)
         supervision.locally_spawned.add(ADDRESS_PREFIX + path)
@@ -119,6 +165,15 @@ class ProcGroup:
         rt.loop_thread.call_soon(rt.loop.add_reader, pidfd, readable)
 
     def _exited(self, rank: int) -> None:
+        capture = self.captures[rank]
+        if capture is None:
+            self._report_exit(rank)
+            return
+        # Show what the worker wrote before it died ahead of the failure report.
+        capture.drain_now()
+        log_capture.after_output_written(lambda: self._report_exit(rank))
+
+    def _report_exit(self, rank: int) -> None:
         proc = self.procs[rank]
         code = proc.wait()
         self.returncodes[rank] = code
@@ -194,6 +249,26 @@ class ProcGroup:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def live_worker_addresses() -> list[str]:
+    """Addresses of the running workers whose output this process reads."""
+    with _groups_lock:
+        groups = list(_live_groups)
+    return [
+        address
+        for g in groups
+        for address, code, capture in zip(g.addresses, g.returncodes, g.captures)
+        if code is None and capture is not None and not g.stopped
+    ]
+
+
+log_capture.live_worker_addresses = live_worker_addresses
+
+
+def flush_worker_output(timeout: float = log_capture.FLUSH_BARRIER_TIMEOUT_S) -> bool:
+    """Make everything the running workers printed so far visible here (bounded wait)."""
+    return log_capture.flush_barrier(live_worker_addresses(), timeout)
 
 
 def stop_all_groups(timeout: float) -> None:

@@ -20,6 +20,7 @@ import sys
 import threading
 from typing import Any, Callable
 
+from monarch._src.runtime import framework_log
 from monarch._src.runtime.runtime import Runtime
 from monarch._src.transport.auth import SECRET_ENV
 
@@ -61,9 +62,22 @@ def _exit_now(code: int) -> None:
         os._exit(code)
 
 
+def _line_buffered_output() -> None:
+    """stdout/stderr are pipes read by the spawner: hand over every line as it is written."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(line_buffering=True)
+            except Exception:
+                pass
+
+
 def main() -> None:
     config: dict[str, Any] = json.loads(os.environ.pop(BOOTSTRAP_ENV))
     secret = bytes.fromhex(os.environ.pop(SECRET_ENV))
+    _line_buffered_output()
+    framework_log.setup_worker(str(config.get("name", "proc")), int(config.get("rank", 0)))
     # Upper layers name the modules that register their handlers (the runtime knows none).
     for module in config.get("init_modules", []):
         hook = getattr(importlib.import_module(module), "on_worker_start", None)

@@ -61,6 +61,8 @@ class Runtime:
     """See the module docstring. Use ``Runtime.get()`` for this process's instance."""
 
     _instance: ClassVar["Runtime | None"] = None
+    #: Set by shutdown_context(): a client is not restarted in the same process.
+    retired: ClassVar[bool] = False
     _instance_lock: ClassVar[threading.RLock] = threading.RLock()
     #: Upper layers install their message handlers through these, on every new runtime.
     _start_hooks: ClassVar[list[Callable[["Runtime"], None]]] = []
@@ -105,6 +107,11 @@ class Runtime:
         if rt is not None:
             return rt
         with cls._instance_lock:
+            if cls.retired:
+                raise RuntimeError(
+                    "the monarch client of this process was shut down (shutdown_context()) and "
+                    "cannot be restarted in the same process.\nHINT: start a new process."
+                )
             if cls._instance is None:
                 cls.install(new_client_runtime())
             return cls._instance  # type: ignore[return-value]
