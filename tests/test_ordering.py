@@ -73,7 +73,6 @@ def test_fifo_across_adverbs(procs1, where):
 def test_fifo_per_sender_with_two_senders(procs2):
     log = procs2.spawn("log", Log).slice(gpus=0)
     sender = procs2.spawn("sender", Sender).slice(gpus=1)
-    assert log.get.call_one().get(timeout=10) == []  # spawned before it is shared
     n = 1000
     done = sender.blast.call_one(log, n)
     for i in range(n):

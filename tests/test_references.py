@@ -73,7 +73,6 @@ def test_mesh_passed_to_actor_which_calls_it(procs2):
 def test_mesh_passed_across_proc_meshes(procs1, procs2):
     counters = procs2.spawn("counters", Counter)
     caller = procs1.spawn("caller", Caller)
-    assert counters.value.call().get(timeout=10).values() == [0, 0]  # spawned before it is shared
     assert caller.bump_and_read.call_one(counters).get(timeout=10) == [1, 1]
     # The caller's broadcast reached the very actors the client talks to.
     assert counters.value.call().get(timeout=10).values() == [1, 1]
@@ -82,7 +81,6 @@ def test_mesh_passed_across_proc_meshes(procs1, procs2):
 def test_sliced_mesh_passed_to_actor(procs2):
     counters = procs2.spawn("counters", Counter)
     caller = procs2.spawn("caller", Caller)
-    assert counters.value.call().get(timeout=10).values() == [0, 0]  # spawned before it is shared
     one = counters.slice(gpus=0)
     a, b = caller.fetch.call(one).get(timeout=10).values()
     assert a == b and len(a) == 1

@@ -193,11 +193,6 @@ def test_oversize_frame_is_a_clear_error_at_the_call_site():
     assert lines.get("after") == "after 10"
 
 
-@pytest.mark.xfail(
-    reason="BUG: FrameTooLargeError cannot be unpickled (its __init__ needs 3 args), so an "
-    "oversize reply reaches the caller as a TypeError about __init__ instead of an ActorError",
-    strict=True,
-)
 def test_oversize_reply_is_an_actor_error_at_the_caller():
     lines = _run_oversize_script()
     reply = lines["reply:"]

@@ -31,13 +31,28 @@ class ActorError(Exception):
         super().__init__(f"{message}\n {self.exception_formatted}")
 
     def __reduce__(self) -> Any:
-        return (_rebuild_actor_error, (self.exception, self.message, self.exception_formatted))
+        # The original exception travels as its own pickle, so that an exception the caller
+        # cannot rebuild (unknown class, unusual __init__) still arrives as an ActorError.
+        from monarch._src.wire import payload
+
+        try:
+            inner = payload.dumps_inband(self.exception)
+        except Exception:
+            inner = b""
+        return (_rebuild_actor_error, (inner, self.message, self.exception_formatted))
 
     def __str__(self) -> str:
         return f"{self.message}\n {self.exception_formatted}"
 
 
-def _rebuild_actor_error(exception: BaseException, message: str, formatted: str) -> ActorError:
+def _rebuild_actor_error(inner: bytes, message: str, formatted: str) -> ActorError:
+    from monarch._src.wire import payload
+
+    try:
+        exception = payload.loads(inner)
+    except Exception as e:
+        last = formatted.strip().splitlines()[-1] if formatted.strip() else "unknown error"
+        exception = RemoteExceptionPlaceholder(f"{last} (the exception could not be rebuilt here: {e})")
     return ActorError(exception, message, formatted)
 
 

@@ -17,7 +17,7 @@ import weakref
 from typing import Any, Generic, Iterable, TypeVar
 
 from monarch._src.actor import supervision
-from monarch._src.actor.errors import SupervisionError
+from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.future import Future
 from monarch._src.actor.proc import runtime
 from monarch._src.wire import payload
@@ -94,12 +94,13 @@ def handle_port_frame(header: dict, bodies: list) -> None:
     handler = _handlers.get(header["p"])
     if handler is None:
         return  # receiver gone (e.g. a `choose` reply after completion): nothing to do
+    is_exc = bool(header.get("f", 0) & FLAG_EXCEPTION)
     try:
         value = payload.loads(bodies)
     except Exception as e:
-        value, is_exc = e, True
-    else:
-        is_exc = bool(header.get("f", 0) & FLAG_EXCEPTION)
+        what = "an exception" if is_exc else "a value"
+        value = ActorError(e, f"The reply to {handler.label}() carried {what} that could not be unpickled here.")
+        is_exc = True
     handler.deliver(header.get("r"), value, is_exc)
 
 

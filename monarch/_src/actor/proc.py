@@ -40,7 +40,7 @@ exit_requested: list[Callable[[], None]] = []
 
 def runtime() -> Runtime:
     rt = Runtime._instance
-    return rt if rt is not None else Runtime.get()
+    return rt if rt is not None and not rt.closed else Runtime.get()
 
 
 def _install(rt: Runtime) -> None:

@@ -129,12 +129,12 @@ def shutdown_context() -> Future[None]:
         if _shutdown_done:
             return Future._completed(None)
         _shutdown_done = True
-    Runtime.retired = True
     rt = Runtime.current()
-    if rt is not None:
+    if rt is not None and not rt.closed:
         stop_all_groups(timeout=1.0)
         flush_at_exit()  # what the workers printed last, and buffered aggregation, before exit
         rt.shutdown()
+    Runtime.retired = True
     return Future._completed(None)
 
 

@@ -267,12 +267,6 @@ class OutputCapture:
         if all(p.closed for p in self._pipes):
             self.finished.set()
 
-    def close(self) -> None:
-        """Stop reading (loop thread): what is left in the pipes is read first."""
-        self.drain_now()
-        for pipe in self._pipes:
-            self._eof(pipe)
-
 
 def after_output_written(callback: Callable[[], None], timeout: float = 1.0) -> None:
     """Call ``callback`` on the loop once this process's writers have written what they

@@ -23,7 +23,9 @@ The protocol, as the C++ client speaks it (integers are little-endian, lengths a
   answer an i64; ``CHECK`` answers one byte (0 ready, 1 not ready); ``WAIT`` answers one
   byte (0 "stop waiting") once every key exists, and ``CANCEL_WAIT`` withdraws a pending
   wait and answers 1 ("wait canceled"); ``PING`` echoes its u32; ``QUEUE_POP`` answers the
-  queue length (i64) and, when it was not empty, the popped value.
+  queue length (i64) and, when it was not empty, the popped value; ``LIST_KEYS`` answers
+  a count (i64) and that many keys; ``BARRIER`` (a key and an i64 party count) answers
+  one byte (0) to every party once that many have arrived.
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ VALIDATE_MAGIC = 0x3C85F7CE
     QUEUE_PUSH,
     QUEUE_POP,
     QUEUE_LEN,
-) = range(17)
+    LIST_KEYS,
+    BARRIER,
+) = range(19)
 
 CHECK_READY, CHECK_NOT_READY = b"\x00", b"\x01"
 WAIT_STOP, WAIT_CANCELED = b"\x00", b"\x01"
@@ -149,6 +153,8 @@ class _Client(asyncio.Protocol):
         self.validated = False
         #: keys this connection still waits for (a WAIT in progress), else None.
         self.waiting: set[str] | None = None
+        #: the barrier this connection waits at, else None.
+        self.barrier: str | None = None
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -341,6 +347,26 @@ class _Client(asyncio.Protocol):
                 return False
             self.send(_I64.pack(len(store._queues.get(key, ()))))
             return True
+        if op == LIST_KEYS:
+            keys = list(store.data)
+            self.send(_I64.pack(len(keys)) + b"".join(_blob(k.encode("utf-8", "surrogateescape")) for k in keys))
+            return True
+        if op == BARRIER:
+            key = r.key()
+            if key is None:
+                return False
+            parties = r.i64()
+            if parties is None:
+                return False
+            waiting = store._barriers.setdefault(key, [])
+            waiting.append(self)
+            self.barrier = key
+            if len(waiting) >= parties:
+                del store._barriers[key]
+                for client in waiting:
+                    client.barrier = None
+                    client.send(WAIT_STOP)
+            return True
         raise _ProtocolError(f"unsupported command {op}")
 
 
@@ -374,6 +400,7 @@ class StoreServer:
         )
         self._waiters: collections.defaultdict[str, set[_Client]] = collections.defaultdict(set)
         self._clients: set[_Client] = set()
+        self._barriers: dict[str, list[_Client]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._servers: list[asyncio.AbstractServer] = []
@@ -495,6 +522,11 @@ class StoreServer:
             self._waiters.pop(key, None)
 
     def _forget_waiter(self, client: _Client) -> None:
+        if client.barrier is not None:
+            parties = self._barriers.get(client.barrier)
+            if parties is not None and client in parties:
+                parties.remove(client)
+            client.barrier = None
         pending = client.waiting
         client.waiting = None
         if not pending:

@@ -104,10 +104,10 @@ class Runtime:
     @classmethod
     def get(cls) -> "Runtime":
         rt = cls._instance
-        if rt is not None:
+        if rt is not None and not rt.closed:
             return rt
         with cls._instance_lock:
-            if cls.retired:
+            if cls.retired or (cls._instance is not None and cls._instance.closed):
                 raise RuntimeError(
                     "the monarch client of this process was shut down (shutdown_context()) and "
                     "cannot be restarted in the same process.\nHINT: start a new process."
@@ -174,7 +174,10 @@ class Runtime:
             self.dispatch(header, bodies)
             return
         if self.closed:
-            raise RuntimeError("the monarch runtime of this process has been shut down")
+            raise RuntimeError(
+                "the monarch runtime of this process has been shut down (shutdown_context() or "
+                "process exit); nothing more can be sent from it."
+            )
         if len(bodies) > 1 and shm.available():
             bodies = self._export_large_buffers(header, bodies)
         buffers = encode_frame(header, bodies, self.max_frame_bytes)
@@ -294,8 +297,8 @@ class Runtime:
         if self._owns_socket_dir:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
             shm.sweep(self.job_tag)
-        if Runtime._instance is self:
-            Runtime._instance = None
+        # Runtime._instance keeps pointing here: late senders get a clear error, and never a
+        # fresh runtime with another secret.
 
 
 def new_client_runtime() -> Runtime:

@@ -41,6 +41,10 @@ class FrameTooLargeError(FrameError, ValueError):
         )
         self.length = length
         self.limit = limit
+        self.side = side
+
+    def __reduce__(self) -> Any:
+        return (FrameTooLargeError, (self.length, self.limit, self.side))
 
 
 def encode_frame(header: dict[str, Any], bodies: Sequence[Any], max_frame_bytes: int) -> list[Any]:

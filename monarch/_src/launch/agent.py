@@ -1,0 +1,670 @@
+"""The launch controller: a ProcMesh of workers, watched, torn down and restarted.
+
+One :class:`Agent` runs one launch (the command line, or one call of the library form)
+on one node. For each attempt it
+
+1. starts a fresh rendezvous store (:mod:`.store`) and computes torchrun's worker
+   environment (:mod:`.worker_env`) with ``TORCHELASTIC_RESTART_COUNT`` = the attempt;
+2. spawns the workers, ``this_host().spawn_procs(per_host={"gpus": nproc})``, and a
+   :class:`~.worker.Runner` on them, owned by :class:`_MeshOwner`: an actor whose
+   ``__supervise__`` accepts the failures of the meshes it owns, so that a worker exit is
+   the launcher's business (restart or report) rather than the client's default fault
+   hook (which would exit the process);
+3. waits for events: a worker exited (the spawner's exit watch, within milliseconds, no
+   polling), a function returned (library form), a signal reached the launcher, a timer
+   (``--hang-timeout``);
+4. on the first failure, sends SIGTERM to every other worker's process group, SIGKILL
+   after ``--kill-grace-period`` seconds, and restarts the whole group with a new store
+   (and a new port when the port was not fixed), or reports the failures in torchrun's
+   format when no restarts are left.
+
+The agent is plain Python driven by one thread (the command line's main thread, so that
+signal handlers can post to it; a background thread in the library form).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from monarch._src.actor.actor import Actor
+from monarch._src.actor.endpoint import endpoint
+from monarch._src.actor.errors import SupervisionError
+from monarch._src.actor.proc_mesh import this_proc
+from monarch._src.host.host_mesh import this_host
+from monarch._src.mesh.extent import Extent
+from monarch._src.mesh.shape import Shape
+from monarch._src.mesh.value_mesh import ValueMesh
+from monarch._src.runtime import output_writer
+
+from . import stacks as stacks_module
+from .command import WorkerCommand
+from .config import LaunchConfig, Std
+from .logs import RunDirs, TailFile, Tailer, line_prefix
+from .store import StoreServer
+from .summary import ChildFailedError, ProcessFailure, RankReport
+from .worker import Runner, WorkerSpec
+from .worker_env import default_master_addr, error_file_path, worker_env_vars
+
+__all__ = ["Agent", "Outcome", "Target", "signal_process_group"]
+
+LABEL = "gpus"
+#: Bound on waiting for SIGKILLed workers to be reaped (D-state processes never are).
+KILL_WAIT_S = 30.0
+#: How often the agent wakes up without events while timers are armed.
+TICK_S = 1.0
+
+
+def signal_process_group(pid: int, sig: int) -> None:
+    """Send ``sig`` to the worker's process group if it leads one, else to the worker."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _free_port(host: str) -> int:
+    """torchrun's ``get_free_port`` probe (only for ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``)."""
+    family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _peak_rss_kib(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as fp:
+            for line in fp:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+# -- ownership of the worker meshes ---------------------------------------------------------------
+
+
+class _MeshOwner(Actor):
+    """Spawns the Runner meshes, so that their failures come here (and are accepted)."""
+
+    @endpoint
+    def spawn_runner(self, procs: Any) -> Any:
+        return procs.spawn("launch_runner", Runner)
+
+    def __supervise__(self, failure: Any) -> bool:
+        # Worker exits are handled by the agent from the exit status; accepting the
+        # failure here keeps the client's fault hook out of it.
+        return True
+
+
+_owner: Any = None
+_owner_lock = threading.Lock()
+
+
+def _mesh_owner() -> Any:
+    global _owner
+    with _owner_lock:
+        if _owner is None:
+            _owner = this_proc().spawn("monarch_launch_owner", _MeshOwner)
+        return _owner
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """What each rank runs: a command (script mode) or a function (library form)."""
+
+    command: WorkerCommand | None = None
+    fn: Callable[..., Any] | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+    @property
+    def is_call(self) -> bool:
+        return self.command is None
+
+
+@dataclass
+class Outcome:
+    """How a launch ended.
+
+    :param state: ``"succeeded"``, ``"failed"`` or ``"signaled"``.
+    :param values: per-rank results of the last attempt (exit codes, or return values).
+    :param error: the torchrun-style failure, when ``state == "failed"``.
+    :param cause: the root cause's own exception (library form), if any.
+    :param signum: the signal that stopped the launch, when ``state == "signaled"``.
+    """
+
+    state: str
+    attempts: int
+    values: list[Any] | None = None
+    error: ChildFailedError | None = None
+    cause: BaseException | None = None
+    signum: int | None = None
+    reports: list[RankReport] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.state == "succeeded" else 1
+
+    def value_mesh(self) -> ValueMesh[Any]:
+        values = self.values or []
+        return ValueMesh(Shape.from_extent(Extent([LABEL], [len(values)])), values)
+
+
+class _Attempt:
+    def __init__(self, index: int, nproc: int) -> None:
+        self.index = index
+        self.nproc = nproc
+        self.start = time.monotonic()
+        self.procs: Any = None
+        self.group: Any = None
+        self.runner: Any = None
+        self.store: StoreServer | None = None
+        self.pids: list[int] = [0] * nproc
+        self.exit_codes: list[int | None] = [None] * nproc
+        self.exit_times: list[float | None] = [None] * nproc
+        self.results: dict[int, Any] = {}
+        self.failures: dict[int, ProcessFailure] = {}
+        self.causes: dict[int, BaseException] = {}
+        self.error_files: list[str] = [""] * nproc
+        self.stats_files: list[str | None] = [None] * nproc
+        self.peak_rss: list[int | None] = [None] * nproc
+        self.last_exit = self.start
+        self.dumped_at: float | None = None
+        self.next_sample = 0.0
+        self.stopping = False
+
+    def alive(self) -> list[bool]:
+        return [c is None for c in self.exit_codes]
+
+
+class Agent:
+    """Runs a launch to its end; see the module docstring.
+
+    :param config: the validated configuration (``--nproc-per-node``, restarts, logs ...).
+    :param target: what every rank runs.
+    :param launcher_env: the environment workers inherit (torchrun: its own ``os.environ``).
+    :param log: where the launcher's messages go.
+    """
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        target: Target,
+        *,
+        launcher_env: Mapping[str, str],
+        log: logging.Logger,
+    ) -> None:
+        if config.max_nodes > 1:
+            raise ValueError(
+                f"monarch.launch runs single-node jobs; --nnodes={config.min_nodes}:{config.max_nodes} "
+                "is not supported yet (start one launcher per node with --nnodes=1, or use a HostMesh)"
+            )
+        self.config = config
+        self.target = target
+        self.env = dict(launcher_env)
+        self.log = log
+        self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._pending_signal: int | None = None
+        self.dirs: RunDirs | None = None
+        self.tailer: Tailer | None = None
+        self.attempt: _Attempt | None = None
+        self.use_agent_store = self.env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"
+
+    # -- events from other threads (and signal handlers) ------------------------------------------
+
+    def post(self, *event: Any) -> None:
+        """Thread-safe and safe in a signal handler."""
+        self._events.put(event)
+
+    def signal(self, signum: int) -> None:
+        self.post("signal", signum)
+
+    def dump_stacks(self, reason: str = "SIGUSR1") -> None:
+        self.post("dump", reason)
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        config = self.config
+        self.dirs = RunDirs(config.log_dir, config.rdzv_id)
+        if self.dirs.private and any(config.file_streams(lr) for lr in range(config.nproc_per_node)):
+            self.log.warning(
+                "-r/-t without --log-dir: worker log files are written to %s and deleted when the "
+                "run ends; pass --log-dir to keep them",
+                self.dirs.run_dir,
+            )
+        self.tailer = Tailer()
+        try:
+            attempt_index = 0
+            while True:
+                state = self._run_attempt(attempt_index)
+                a = self.attempt
+                assert a is not None
+                reports = self._reports(a)
+                if state == "succeeded":
+                    values: list[Any]
+                    if self.target.is_call:
+                        values = [a.results[r] for r in range(a.nproc)]
+                    else:
+                        values = list(a.exit_codes)
+                    return Outcome("succeeded", attempt_index + 1, values=values, reports=reports)
+                if state == "signaled":
+                    return Outcome("signaled", attempt_index + 1, signum=self._pending_signal, reports=reports)
+                remaining = config.max_restarts - attempt_index
+                if remaining > 0:
+                    self.log.info(
+                        "[%s] Worker group FAILED. %s/%s attempts left; will restart worker group",
+                        config.role,
+                        remaining,
+                        config.max_restarts,
+                    )
+                    attempt_index += 1
+                    continue
+                error = ChildFailedError(self.target.name, dict(a.failures))
+                root_rank, _ = error.get_first_failure()
+                return Outcome(
+                    "failed",
+                    attempt_index + 1,
+                    error=error,
+                    cause=a.causes.get(root_rank),
+                    reports=reports,
+                )
+        finally:
+            if self.tailer is not None:
+                self.tailer.stop()
+            output_writer.flush_all(2.0)
+            self.dirs.cleanup()
+
+    # -- one attempt ------------------------------------------------------------------------------
+
+    def _run_attempt(self, index: int) -> str:
+        a = self._start_attempt(index)
+        try:
+            return self._watch(a)
+        finally:
+            a.stopping = True
+            if a.store is not None:
+                a.store.close()
+            if self.tailer is not None:
+                self.tailer.reset()
+
+    def _start_attempt(self, index: int) -> _Attempt:
+        config = self.config
+        nproc = config.nproc_per_node
+        a = _Attempt(index, nproc)
+        self.attempt = a
+        assert self.dirs is not None and self.tailer is not None
+        attempt_dir = self.dirs.attempt_dir(index, nproc)
+
+        # The rendezvous: a fresh store per attempt (torchrun reuses a stale one).
+        if config.rdzv_backend == "static":
+            master_addr, port = config.master_addr, config.master_port
+        else:
+            master_addr, port = default_master_addr(config), 0
+        if self.use_agent_store:
+            a.store = StoreServer(master_addr, port).start()
+            master_port = a.store.port
+        else:
+            master_port = port or _free_port(master_addr)
+
+        hang = config.hang_timeout is not None
+        scratch = self.dirs.scratch() if (hang or config.summary) else ""
+        envs: list[dict[str, str]] = []
+        specs: list[WorkerSpec] = []
+        for lr in range(nproc):
+            error_file = error_file_path(config, attempt_dir, lr)
+            a.error_files[lr] = error_file
+            env = dict(self.env)
+            env.update(
+                worker_env_vars(
+                    config,
+                    lr,
+                    master_addr=master_addr,
+                    master_port=master_port,
+                    error_file=error_file,
+                    restart_count=index,
+                    run_id=config.rdzv_id,
+                    use_agent_store=self.use_agent_store,
+                    parent_env=self.env,
+                )
+            )
+            envs.append(env)
+            out, err = self._stream_targets(lr, attempt_dir, scratch, index)
+            if config.summary:
+                a.stats_files[lr] = os.path.join(scratch, f"attempt_{index}_rank{lr}.rss")
+            specs.append(
+                WorkerSpec(
+                    rank=lr,
+                    env=env,
+                    stdout=out,
+                    stderr=err,
+                    command=self.target.command,
+                    fn=self.target.fn,
+                    args=self.target.args,
+                    kwargs=self.target.kwargs,
+                    error_file=error_file,
+                    stats_file=a.stats_files[lr],
+                )
+            )
+        if not self.dirs.disabled:
+            for needles, name in (
+                (config.duplicate_stdout_filters, "filtered_stdout.log"),
+                (config.duplicate_stderr_filters, "filtered_stderr.log"),
+            ):
+                if needles:
+                    open(os.path.join(attempt_dir, name), "ab").close()
+
+        a.start = a.last_exit = time.monotonic()
+        a.procs = this_host().spawn_procs(
+            per_host={LABEL: nproc}, env=lambda point: envs[point.rank], name=f"launch{index}"
+        )
+        a.group = a.procs._owner.group
+        a.pids = [p.pid for p in a.group.procs]
+        a.group.on_exit.append(lambda rank, how, code, n=index: self.post("exit", n, rank, code))
+        for lr, code in enumerate(list(a.group.returncodes)):
+            if code is not None:
+                self.post("exit", index, lr, code)
+        a.runner = _mesh_owner().spawn_runner.call_one(a.procs).get(timeout=60)
+        for lr, spec in enumerate(specs):
+            one = a.runner.slice(**{LABEL: lr})
+            if self.target.is_call:
+                fut = one.run.call_one(spec)
+                fut._add_done_callback(lambda f, n=index, r=lr: self._on_result(n, r, f))
+            else:
+                one.run.broadcast(spec)
+        return a
+
+    def _stream_targets(self, lr: int, attempt_dir: str, scratch: str, index: int) -> tuple[str | None, str | None]:
+        """Where fd 1 and fd 2 of local rank ``lr`` point, and what the tailer watches."""
+        config = self.config
+        assert self.tailer is not None and self.dirs is not None
+        files = config.file_streams(lr) if not self.dirs.disabled else Std.NONE
+        tee = config.tee.get(lr, Std.NONE) if not self.dirs.disabled else Std.NONE
+        visible = config.console_visible(lr)
+        hang = config.hang_timeout is not None
+        rank = lr  # single node: global rank == local rank
+        prefix = line_prefix(config.log_line_prefix_template, config.role, rank, lr)
+        targets: list[str | None] = []
+        for bit, name, console, needles in (
+            (Std.OUT, "stdout", "stdout", config.duplicate_stdout_filters),
+            (Std.ERR, "stderr", "stderr", config.duplicate_stderr_filters),
+        ):
+            if files & bit:
+                path = os.path.join(attempt_dir, str(lr), f"{name}.log")
+                open(path, "wb").close()
+                teed = bool(tee & bit) and visible
+                if teed or hang:
+                    dup = os.path.join(attempt_dir, f"filtered_{name}.log") if (teed and needles) else None
+                    self.tailer.add(
+                        TailFile(path, lr, prefix if teed else None, console, dup, tuple(needles))
+                    )
+                targets.append(path)
+            elif hang:
+                # Console output goes through a private file, so that the launcher sees
+                # when a rank last printed.
+                path = os.path.join(scratch, f"attempt_{index}_rank{lr}.{name}")
+                open(path, "wb").close()
+                self.tailer.add(TailFile(path, lr, "" if visible else None, console))
+                targets.append(path)
+            elif not visible:
+                targets.append(os.devnull)
+            else:
+                targets.append(None)
+        return targets[0], targets[1]
+
+    # -- watching -----------------------------------------------------------------------------------
+
+    def _on_result(self, index: int, rank: int, fut: Any) -> None:
+        if fut._exc is not None:
+            self.post("result", index, rank, False, fut._exc)
+        else:
+            self.post("result", index, rank, True, fut._value)
+
+    def _watch(self, a: _Attempt) -> str:
+        while True:
+            event = self._next_event(a)
+            if event is None:
+                continue
+            kind = event[0]
+            if kind == "signal":
+                return self._shutdown_on_signal(a, event[1])
+            if kind == "dump":
+                self._dump(a, event[1])
+                continue
+            if kind == "exit" and event[1] == a.index:
+                rank, code = event[2], event[3]
+                if not self._record_exit(a, rank, code):
+                    continue
+                if code != 0 or self.target.is_call:
+                    self._add_failure(a, rank, code)
+                    return self._shutdown_on_failure(a)
+                if all(c is not None for c in a.exit_codes):
+                    return "succeeded"
+            elif kind == "result" and event[1] == a.index:
+                rank, ok, value = event[2], event[3], event[4]
+                if ok:
+                    a.results[rank] = value
+                    if len(a.results) == a.nproc:
+                        self._stop_gracefully(a)
+                        return "succeeded"
+                elif not isinstance(value, SupervisionError):
+                    self._add_failure(a, rank, 1, cause=value)
+                    return self._shutdown_on_failure(a)
+                # else: the process died; its exit event (with the status) follows.
+
+    def _next_event(self, a: _Attempt) -> tuple[Any, ...] | None:
+        timeout = self._timers(a)
+        try:
+            return self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _timers(self, a: _Attempt) -> float | None:
+        """Run due timers; the seconds until the next one (None: no timer armed)."""
+        now = time.monotonic()
+        waits: list[float] = []
+        config = self.config
+        if config.summary:
+            if now >= a.next_sample:
+                self._sample_rss(a)
+                a.next_sample = now + TICK_S
+            waits.append(a.next_sample - now)
+        if config.hang_timeout is not None and not a.stopping:
+            tail_activity = self.tailer.last_activity if self.tailer is not None else 0.0
+            last = max(a.last_exit, tail_activity, a.start)
+            due = last + config.hang_timeout
+            if a.dumped_at == last:
+                waits.append(TICK_S)  # dumped for this silence; look for activity again
+            elif now >= due:
+                a.dumped_at = last
+                self.log.warning(
+                    "no rank printed anything or exited for %.1f s (--hang-timeout); dumping the stacks "
+                    "of every rank",
+                    now - last,
+                )
+                self._dump(a, f"nothing printed or exited for {now - last:.1f} s")
+                waits.append(TICK_S)
+            else:
+                waits.append(min(TICK_S, due - now))
+        return max(0.0, min(waits)) if waits else None
+
+    def _sample_rss(self, a: _Attempt) -> None:
+        for lr, pid in enumerate(a.pids):
+            if a.exit_codes[lr] is None:
+                value = _peak_rss_kib(pid)
+                if value is not None:
+                    a.peak_rss[lr] = max(value, a.peak_rss[lr] or 0)
+
+    def _record_exit(self, a: _Attempt, rank: int, code: int) -> bool:
+        if a.exit_codes[rank] is not None:
+            return False
+        a.exit_codes[rank] = code
+        a.exit_times[rank] = a.last_exit = time.monotonic()
+        if self.tailer is not None:
+            self.tailer.finish_rank(rank)
+        return True
+
+    def _add_failure(self, a: _Attempt, rank: int, code: int, cause: BaseException | None = None) -> None:
+        if rank in a.failures:
+            return
+        message = None
+        if cause is not None:
+            a.causes[rank] = cause
+            message = getattr(cause, "exception_formatted", None) or f"{type(cause).__name__}: {cause}"
+            message = message.rstrip("\n").replace("\n", "\n  ")
+        elif self.target.is_call and code == 0:
+            message = "the worker exited before the function returned"
+        a.failures[rank] = ProcessFailure(
+            local_rank=rank,
+            rank=rank,
+            pid=a.pids[rank],
+            exitcode=code,
+            error_file=a.error_files[rank],
+            message=message,
+        )
+
+    def _dump(self, a: _Attempt, reason: str) -> None:
+        if a.runner is None:
+            return
+        ranks = list(range(a.nproc))
+        text = stacks_module.collect_stacks(a.runner, ranks, a.alive(), LABEL)
+        stacks_module.print_stacks(text, reason)
+
+    # -- stopping -----------------------------------------------------------------------------------
+
+    def _stop_workers(self, a: _Attempt, sig: int, grace: float) -> None:
+        """``sig`` to every live worker's process group; SIGKILL after ``grace`` seconds."""
+        a.stopping = True
+        self._sample_rss(a)
+        sig_name = signal.Signals(sig).name
+        for lr, code in enumerate(a.exit_codes):
+            if code is None:
+                self.log.warning("Sending process %s closing signal %s", a.pids[lr], sig_name)
+                signal_process_group(a.pids[lr], sig)
+        if self._wait_for_exits(a, time.monotonic() + grace, escalate=True):
+            return
+        for lr, code in enumerate(a.exit_codes):
+            if code is None:
+                self.log.warning(
+                    "Unable to shutdown process %s via %s, forcefully exiting via %s",
+                    a.pids[lr],
+                    sig_name,
+                    signal.SIGKILL.name,
+                )
+                signal_process_group(a.pids[lr], signal.SIGKILL)
+        if not self._wait_for_exits(a, time.monotonic() + KILL_WAIT_S, escalate=False):
+            self.log.error("some workers did not exit after SIGKILL: %s", [a.pids[i] for i, c in enumerate(a.exit_codes) if c is None])
+
+    def _wait_for_exits(self, a: _Attempt, deadline: float, escalate: bool) -> bool:
+        """Process events until every worker exited (True) or ``deadline`` (False).
+
+        A signal to the launcher meanwhile is remembered; with ``escalate`` it also cuts
+        the grace period short (a second Ctrl-C kills at once).
+        """
+        while any(c is None for c in a.exit_codes):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                event = self._events.get(timeout=min(left, TICK_S))
+            except queue.Empty:
+                continue
+            kind = event[0]
+            if kind == "exit" and event[1] == a.index:
+                self._record_exit(a, event[2], event[3])
+            elif kind == "signal":
+                if self._pending_signal is None:
+                    self._pending_signal = event[1]
+                if escalate:
+                    return False  # a signal while we wait politely: kill now
+            elif kind == "dump":
+                self._dump(a, event[1])
+        return True
+
+    def _shutdown_on_failure(self, a: _Attempt) -> str:
+        self._stop_workers(a, signal.SIGTERM, self.config.kill_grace_period)
+        # Workers stopped by the teardown are failures too, in local-rank order (torchrun's).
+        for lr, code in enumerate(a.exit_codes):
+            if code is not None and code != 0 and lr not in a.failures:
+                self._add_failure(a, lr, code)
+        root = min(a.failures.values(), key=lambda f: f.timestamp)
+        self.log.error(
+            "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
+            root.exitcode,
+            root.local_rank,
+            root.pid,
+            self.target.command.binary if self.target.command is not None else self.target.name,
+        )
+        if self._pending_signal is not None:
+            return "signaled"
+        return "failed"
+
+    def _shutdown_on_signal(self, a: _Attempt, signum: int) -> str:
+        self._pending_signal = signum
+        self.log.warning("Received %s death signal, shutting down workers", signum)
+        a.stopping = True
+        self._sample_rss(a)
+        sig_name = signal.Signals(signum).name
+        for lr, code in enumerate(a.exit_codes):
+            if code is None:
+                self.log.warning("Sending process %s closing signal %s", a.pids[lr], sig_name)
+                signal_process_group(a.pids[lr], signum)
+        self._pending_signal = None
+        if not self._wait_for_exits(a, time.monotonic() + self.config.shutdown_timeout, escalate=True):
+            for lr, code in enumerate(a.exit_codes):
+                if code is None:
+                    self.log.warning(
+                        "Unable to shutdown process %s via %s, forcefully exiting via %s",
+                        a.pids[lr],
+                        sig_name,
+                        signal.SIGKILL.name,
+                    )
+                    signal_process_group(a.pids[lr], signal.SIGKILL)
+            self._wait_for_exits(a, time.monotonic() + KILL_WAIT_S, escalate=False)
+        self._pending_signal = signum
+        return "signaled"
+
+    def _stop_gracefully(self, a: _Attempt) -> None:
+        """Library form: every function returned; stop the workers (they idle)."""
+        a.stopping = True
+        self._sample_rss(a)
+        try:
+            a.procs.stop().get(timeout=15)
+        except Exception:
+            pass
+        self._wait_for_exits(a, time.monotonic() + 5.0, escalate=False)
+
+    # -- reports ------------------------------------------------------------------------------------
+
+    def _reports(self, a: _Attempt) -> list[RankReport]:
+        out = []
+        for lr in range(a.nproc):
+            peak = a.peak_rss[lr]
+            path = a.stats_files[lr]
+            if path:
+                try:
+                    with open(path) as fp:
+                        peak = max(int(fp.read().strip() or 0), peak or 0)
+                except (OSError, ValueError):
+                    pass
+            end = a.exit_times[lr]
+            wall = (end if end is not None else time.monotonic()) - a.start
+            out.append(RankReport(lr, lr, a.pids[lr], a.exit_codes[lr], wall, peak))
+        return out

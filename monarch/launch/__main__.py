@@ -1,0 +1,15 @@
+"""``python -m monarch.launch`` (and the ``monarch-launch`` console script): a drop-in torchrun."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    from monarch._src.launch.main import main as _main
+
+    return _main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
