@@ -155,41 +155,46 @@ class ActorEndpoint(Generic[R]):
         selection: Selection = "all",
         reply: PortHandler | None = None,
     ) -> list[str]:
-        """Send one message per destination; return the destination addresses."""
+        """Send one message per destination; return the destination addresses.
+
+        With a ``reply`` handler, it is told which processes to expect replies from before
+        anything is sent, so a reply (or a process death) can never arrive unaccounted for.
+        """
         self._prop.check_args(args, kwargs)
         mesh = self._mesh
         bodies = _NO_ARGS if not args and not kwargs else payload.dumps((args, kwargs))
         rt = runtime()
         dests = mesh._destinations()
         if selection == "choose":
-            i = random.randrange(len(dests))
-            dests = [dests[i]]
+            dests = [dests[random.randrange(len(dests))]]
             extent: list[Any] = _NO_EXTENT
         else:
             extent = mesh._extent_wire()
         port_spec: list[Any] | None
         if reply is not None:
             port_spec = [rt.address, reply.port_id]
+            remote = [a for _, a in dests if a != rt.address]
+            if remote:  # this process cannot die without the caller; others can
+                reply.expect_from(remote)
         elif port is not None:
             port_spec = [port._address, port._port_id]
         else:
             port_spec = None
         key, name = mesh._key, self._name
-        sent = []
         for rank, address in dests:
             rt.send(address, {"k": MSG_KIND, "d": key, "e": name, "p": port_spec, "r": rank, "x": extent}, bodies)
-            sent.append(address)
-        return sent
+        return [a for _, a in dests]
 
     def _collect(self, collector: PortHandler, args: tuple, kwargs: dict, selection: Selection = "all") -> None:
         """Send with ``collector`` as the reply port; a known-failed mesh fails it at once."""
         collector.label = f"{self._mesh._mesh_name}.{self._name}"
         try:
             self._mesh._check_usable(self._name)
-            collector.expect_from(self._send(args, kwargs, selection=selection, reply=collector))
+            self._send(args, kwargs, selection=selection, reply=collector)
         except SupervisionError as e:
             collector.fail(e)
         except BaseException:
+            collector.stop_expecting()
             collector.close()
             raise
 
