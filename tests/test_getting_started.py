@@ -28,12 +28,13 @@ def test_getting_started_example_runs() -> None:
     assert "Mesh failure was not handled: MeshFailure(mesh_name=errorful" in out
     assert out.index("Failure received") < out.index("parent still running")
     assert out.index("Mesh failure was not handled") < out.index("parent still running")
-    # Logging: the eight workers' greetings arrive as one aggregated line, whenever its
-    # window closes (or at exit); the rest of the output is checked without it.
-    summaries = [line for line in out.splitlines() if line.startswith("[8 similar log lines] hello from gpus=")]
-    assert len(summaries) == 1, out
-    assert "hello from" not in out.replace(summaries[0], "")
-    lines = [line for line in out.splitlines() if line != summaries[0]]
+    # Logging: the eight workers' greetings arrive aggregated, whenever the 3 s window closes
+    # (or at exit): normally as one "[8 similar log lines] hello from gpus=N" line, split in
+    # two only if a loaded machine spread them over two windows. The rest is checked without.
+    greetings = [line for line in out.splitlines() if "hello from gpus=" in line]
+    counts = [int(g.split()[0][1:]) if g.startswith("[") else 1 for g in greetings]
+    assert sum(counts) == 8 and greetings[0].startswith("[") and len(greetings) <= 2, out
+    lines = [line for line in out.splitlines() if line not in greetings]
     assert "3" in lines  # the value sent through the channel
     assert lines[-2:] == ["inferred with: 1", "inferred with: 1"]
     assert "Traceback" not in proc.stderr

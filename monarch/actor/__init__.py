@@ -3,6 +3,7 @@
 Implementations live in ``monarch._src``; this facade re-exports them explicitly.
 """
 
+from monarch._src.actor import config as config
 from monarch._src.actor.actor import Actor as Actor
 from monarch._src.actor.actor_mesh import ActorMesh as ActorMesh
 from monarch._src.actor.context import Context as Context
@@ -58,6 +59,7 @@ __all__ = [
     "ValueMesh",
     "as_endpoint",
     "concurrent_endpoint",
+    "config",
     "context",
     "current_actor_name",
     "current_rank",

@@ -122,6 +122,9 @@ class ProcGroup:
                 env=env,
                 stdout=out_w if out_w >= 0 else None,
                 stderr=err_w if err_w >= 0 else None,
+                # Its own process group: a terminal's Ctrl-C reaches the client only (which
+                # decides), and a launcher can signal a worker together with its children.
+                start_new_session=True,
             )
         except BaseException:
             for fd in (out_r, err_r):
