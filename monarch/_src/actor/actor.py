@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from functools import cached_property
 from typing import Any
 
+from monarch._src.actor.coroutines import is_coroutine_function
 from monarch._src.actor.endpoint import EndpointProperty
 
 #: Attributes of ActorMesh that an endpoint name must not shadow.
@@ -46,7 +46,7 @@ def is_async_actor(cls: type) -> bool:
     if table:
         return any(p.is_async for p in table.values())
     return any(
-        inspect.iscoroutinefunction(getattr(cls, hook, None)) for hook in ("__supervise__", "__cleanup__")
+        is_coroutine_function(getattr(cls, hook, None)) for hook in ("__supervise__", "__cleanup__")
     )
 
 
@@ -65,9 +65,9 @@ def validate_actor_class(cls: Any, args: tuple, kwargs: dict) -> None:
         )
     cleanup = getattr(cls, "__cleanup__", None)
     if cleanup is not None:
-        if sync and inspect.iscoroutinefunction(cleanup):
+        if sync and is_coroutine_function(cleanup):
             raise ValueError(f"{cls} has sync endpoints but an async __cleanup__; make them match.")
-        if asyn and not inspect.iscoroutinefunction(cleanup):
+        if asyn and not is_coroutine_function(cleanup):
             raise ValueError(f"{cls} has async endpoints but a sync __cleanup__; make them match.")
     clash = sorted(MESH_ATTRIBUTES & table.keys())
     if clash:
@@ -75,6 +75,8 @@ def validate_actor_class(cls: Any, args: tuple, kwargs: dict) -> None:
     init = cls.__init__
     if init is not object.__init__:
         try:
+            import inspect
+
             inspect.signature(init).bind(None, *args, **kwargs)
         except TypeError as e:
             raise TypeError(f"wrong arguments to spawn {cls.__name__}: {e}") from None

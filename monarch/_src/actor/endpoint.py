@@ -7,10 +7,9 @@ The decorator only marks a method and records its options; ``ActorEndpoint`` is 
 
 from __future__ import annotations
 
-import inspect
-import random
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Literal, TypeVar, overload
 
+from monarch._src.actor.coroutines import is_coroutine_function
 from monarch._src.actor.collectors import GatherCollector, OnceCollector, StreamCollector
 from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future
@@ -19,6 +18,8 @@ from monarch._src.actor.proc import runtime
 from monarch._src.wire import payload
 
 if TYPE_CHECKING:
+    import inspect
+
     from monarch._src.actor.actor_mesh import ActorMesh
 
 R = TypeVar("R")
@@ -47,7 +48,7 @@ class EndpointProperty(Generic[R]):
         self._explicit_response_port = explicit_response_port
         self._instrument = instrument
         self._concurrent = concurrent
-        self.is_async = inspect.iscoroutinefunction(method)
+        self.is_async = is_coroutine_function(method)
         self._signature: inspect.Signature | None = None
         #: (min, max) positional count when the signature is plain, to check without bind().
         self._arity: tuple[int, int] | None = None
@@ -66,6 +67,8 @@ class EndpointProperty(Generic[R]):
             return
         sig = self._signature
         if sig is None:
+            import inspect
+
             try:
                 sig = self._signature = inspect.signature(self._method)
             except (TypeError, ValueError):
@@ -79,6 +82,8 @@ class EndpointProperty(Generic[R]):
 
 
 def _plain_arity(sig: inspect.Signature, lead: int) -> tuple[int, int] | None:
+    import inspect
+
     params = list(sig.parameters.values())[lead:]
     if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
         return None
@@ -130,7 +135,7 @@ def concurrent_endpoint(
             raise ValueError(
                 "concurrent_endpoint does not wrap @endpoint; pass endpoint options to @concurrent_endpoint"
             )
-        if not inspect.iscoroutinefunction(m):
+        if not is_coroutine_function(m):
             raise ValueError("concurrent_endpoint can only wrap async endpoints")
         return EndpointProperty(m, propagate, explicit_response_port, instrument, concurrent=True)
 
@@ -166,7 +171,9 @@ class ActorEndpoint(Generic[R]):
         rt = runtime()
         dests = mesh._destinations()
         if selection == "choose":
-            dests = [dests[random.randrange(len(dests))]]
+            from random import randrange
+
+            dests = [dests[randrange(len(dests))]]
             extent: list[Any] = _NO_EXTENT
         else:
             extent = mesh._extent_wire()

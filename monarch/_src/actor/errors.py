@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 REMOTE_TRACEBACK_HEADER = "Traceback of where the remote call failed (most recent call last):"
@@ -10,6 +9,8 @@ REMOTE_TRACEBACK_HEADER = "Traceback of where the remote call failed (most recen
 
 def format_remote_exception(exc: BaseException) -> str:
     """The traceback text of ``exc`` (with chained causes) as shown to the remote caller."""
+    import traceback
+
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return text.replace("Traceback (most recent call last):", REMOTE_TRACEBACK_HEADER)
 

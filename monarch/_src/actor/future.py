@@ -9,11 +9,13 @@ cancel the work.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 import warnings
-from typing import Any, Callable, Generator, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio
 
 R = TypeVar("R")
 
@@ -80,6 +82,8 @@ class Future(Generic[R]):
     def _from_coro(cls, coro: Any) -> "Future[R]":
         """Run ``coro`` on the runtime loop; the future resolves with its outcome."""
         from monarch._src.actor.proc import runtime
+
+        import asyncio
 
         f: Future[R] = cls._new()
         rt = runtime()
@@ -182,6 +186,8 @@ class Future(Generic[R]):
         global _warned_in_loop
         if _warned_in_loop or getattr(_sync_actor_thread, "value", False):
             return
+        import asyncio
+
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -211,6 +217,8 @@ class Future(Generic[R]):
 
     def as_asyncio(self) -> "asyncio.Future[R]":
         """A fresh asyncio future on the running loop that mirrors this one (non-consuming)."""
+        import asyncio
+
         loop = asyncio.get_running_loop()
         afut: asyncio.Future[R] = loop.create_future()
         if self._state == _DONE:
@@ -233,6 +241,8 @@ class Future(Generic[R]):
     def __await__(self) -> Generator[Any, None, R]:
         if self._state == _DONE:
             return self._outcome()
+        import asyncio
+
         try:
             asyncio.get_running_loop()
         except RuntimeError:

@@ -9,15 +9,13 @@ so a helper thread started in ``__init__`` never keeps the client process alive.
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import inspect
 import logging
 import os
 import queue
 import sys
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from monarch._src.actor import proc as this_proc_state
 from monarch._src.actor.actor import endpoint_table, is_async_actor
@@ -28,6 +26,7 @@ from monarch._src.actor.context import (
     extent_of,
     point_of,
 )
+from monarch._src.actor.coroutines import is_coroutine
 from monarch._src.actor.endpoint import EndpointProperty
 from monarch._src.actor.errors import ActorError, RemoteExceptionPlaceholder, SupervisionError, format_remote_exception
 from monarch._src.actor.future import mark_sync_actor_thread
@@ -36,6 +35,9 @@ from monarch._src.actor.proc import runtime
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.point import Point
 from monarch._src.wire import payload
+
+if TYPE_CHECKING:
+    import asyncio
 
 logger = logging.getLogger("monarch.actor")
 
@@ -206,8 +208,8 @@ class ActorInstance:
             elif kind == _SUPERVISE:
                 try:
                     handled = self.actor.__supervise__(header)
-                    if inspect.isawaitable(handled):  # async __supervise__ runs on the loop
-                        handled = asyncio.run_coroutine_threadsafe(_await(handled), runtime().loop).result()
+                    if _is_awaitable(handled):  # async __supervise__ runs on the loop
+                        handled = _run_on_loop(handled)
                 except BaseException as e:  # noqa: B036 - reported, never silently lost
                     self._supervise_raised(header, e)
                 else:
@@ -221,6 +223,8 @@ class ActorInstance:
         loop.create_task(self._task_main(), name=f"monarch-actor-{self.name}")
 
     async def _task_main(self) -> None:
+        import asyncio
+
         current_instance.set(self)
         loop = asyncio.get_running_loop()
         dq = self._deque
@@ -236,7 +240,7 @@ class ActorInstance:
             elif kind == _SUPERVISE:
                 try:
                     handled = self.actor.__supervise__(header)
-                    if inspect.isawaitable(handled):
+                    if _is_awaitable(handled):
                         handled = await handled
                 except BaseException as e:  # noqa: B036 - reported, never silently lost
                     self._supervise_raised(header, e)
@@ -293,8 +297,8 @@ class ActorInstance:
             return
         try:
             result = fn(self.actor, *args, **kwargs)
-            if inspect.isawaitable(result):
-                result = asyncio.run_coroutine_threadsafe(_await(result), runtime().loop).result()
+            if _is_awaitable(result):  # an async method reached through as_endpoint
+                result = _run_on_loop(result)
         except Exception as e:
             self._endpoint_raised(header["e"], e, reply, explicit)
         except BaseException as e:
@@ -310,6 +314,8 @@ class ActorInstance:
             return
         prop = self._endpoints.get(header["e"])
         if prop is not None and prop._concurrent:
+            import asyncio
+
             task = asyncio.get_running_loop().create_task(self._run_async(fn, args, kwargs, reply, explicit, header["e"]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -318,9 +324,11 @@ class ActorInstance:
         await self._run_async(fn, args, kwargs, reply, explicit, header["e"])
 
     async def _run_async(self, fn: Callable[..., Any], args: Any, kwargs: Any, reply: Port[Any] | None, explicit: bool, name: str) -> None:
+        import asyncio
+
         try:
             result = fn(self.actor, *args, **kwargs)
-            if type(result) is _coroutine or inspect.isawaitable(result):
+            if _is_awaitable(result):
                 result = await result
         except Exception as e:
             self._endpoint_raised(name, e, reply, explicit)
@@ -441,6 +449,8 @@ class ActorInstance:
         self._stopped(header)
 
     async def _stop_async(self, header: dict | None) -> None:
+        import asyncio
+
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:
@@ -473,14 +483,15 @@ class ActorInstance:
             done()
 
 
-async def _probe() -> None:
-    pass
+def _run_on_loop(awaitable: Any) -> Any:
+    """Run an awaitable on the runtime loop from an actor's own thread, and wait for it."""
+    import asyncio
+
+    return asyncio.run_coroutine_threadsafe(_await(awaitable), runtime().loop).result()
 
 
-_coro = _probe()
-_coroutine = type(_coro)
-_coro.close()
-del _coro
+def _is_awaitable(value: Any) -> bool:
+    return is_coroutine(value) or hasattr(value, "__await__")
 
 
 def _drop_runtime_frames(e: BaseException) -> None:

@@ -1,20 +1,21 @@
 """This process as seen by the actor layer: its runtime, its actors, and the message handlers.
 
-Importing this module registers a start hook on ``Runtime`` so that any runtime (the client's,
-created lazily, or a worker's, created at bootstrap) routes actor messages, spawns, port
-replies and stop requests to the actor layer.
+The first use of ``runtime()`` (or a worker's bootstrap) registers a start hook on ``Runtime``,
+so that any runtime (the client's, created lazily, or a worker's) routes actor messages, spawns,
+port replies and stop requests to the actor layer. The runtime module (and with it asyncio) is
+imported only then: ``import monarch.actor`` stays fast.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from monarch._src.runtime.runtime import Runtime
-
 if TYPE_CHECKING:
     from monarch._src.actor.instance import ActorInstance
+    from monarch._src.runtime.runtime import Runtime
 
 logger = logging.getLogger("monarch.actor")
 
@@ -38,12 +39,57 @@ actors_lock = threading.Lock()
 exit_requested: list[Callable[[], None]] = []
 
 
-def runtime() -> Runtime:
-    rt = Runtime._instance
-    return rt if rt is not None and not rt.closed else Runtime.get()
+_current: "Runtime | None" = None
+_hooked = False
+_RUNTIME_MODULE = "monarch._src.runtime.runtime"
 
 
-def _install(rt: Runtime) -> None:
+def runtime() -> "Runtime":
+    """This process's runtime, started on first use in a client."""
+    rt = _current
+    if rt is not None and not rt.closed:
+        return rt
+    return _start_runtime()
+
+
+_retired = False
+
+
+def _start_runtime() -> "Runtime":
+    global _current
+    if _retired:
+        raise RuntimeError(
+            "the monarch client of this process was shut down (shutdown_context()) and "
+            "cannot be restarted in the same process.\nHINT: start a new process."
+        )
+    _current = runtime_class().get()
+    return _current
+
+
+def runtime_class() -> "type[Runtime]":
+    """The Runtime class, with the actor layer's handlers hooked into every instance."""
+    global _hooked
+    from monarch._src.runtime.runtime import Runtime
+
+    if not _hooked:
+        Runtime.add_start_hook(_install)
+        _hooked = True
+    return Runtime
+
+
+def retire_runtime() -> None:
+    """No runtime may start in this process any more (the client was shut down)."""
+    global _retired
+    _retired = True
+
+
+def current_runtime() -> "Runtime | None":
+    """This process's runtime if one was started, without starting one."""
+    module = sys.modules.get(_RUNTIME_MODULE)
+    return module.Runtime.current() if module is not None else None  # type: ignore[attr-defined]
+
+
+def _install(rt: "Runtime") -> None:
     from monarch._src.actor import instance, log_forwarding, log_prefix, port, supervision
     from monarch._src.actor.future import set_loop_thread_probe
     from monarch._src.runtime import framework_log
@@ -81,12 +127,11 @@ def on_worker_start(config: dict[str, Any]) -> None:
     from monarch._src.runtime import bootstrap
 
     _is_worker = True
+    runtime_class()
     exit_requested.append(bootstrap.request_exit)
     if config.get("gated"):
         set_proc_ready(False)
 
-
-Runtime.add_start_hook(_install)
 
 
 _ready = True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import uuid
@@ -13,6 +12,7 @@ from monarch._src.actor.actor import Actor, validate_actor_class
 from monarch._src.actor.actor_mesh import ActorMesh
 from monarch._src.actor.collectors import AllDoneCollector
 from monarch._src.actor.context import context
+from monarch._src.actor.coroutines import is_coroutine
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.future import Future
 from monarch._src.actor.proc import SPAWN_KIND, STOP_ACTOR_KIND, lookup, runtime, set_proc_ready
@@ -206,7 +206,9 @@ class _SetupActor(Actor):
         self._error: BaseException | None = None
         try:
             result = fn()
-            if asyncio.iscoroutine(result):
+            if is_coroutine(result):
+                import asyncio
+
                 asyncio.run(result)
         except Exception as e:
             self._error = e

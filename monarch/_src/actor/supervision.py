@@ -12,11 +12,9 @@ closing; each owning process turns them into failures of the meshes it owns on t
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -235,6 +233,9 @@ def root_unhandled(failure: MeshFailure) -> None:
 
 def _exit_client(failure: MeshFailure) -> None:
     global _fault_exit_pending
+    import datetime
+    import socket
+
     now = datetime.datetime.now().isoformat(sep=" ", timespec="seconds")
     sys.stderr.write(
         f"Unhandled monarch error on the root actor, hostname={socket.gethostname()}, "

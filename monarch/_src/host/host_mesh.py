@@ -9,14 +9,12 @@ from typing import Any, Callable, Mapping
 
 from monarch._src.actor import proc_mesh as proc_mesh_module
 from monarch._src.actor.future import Future
+from monarch._src.actor.proc import current_runtime, retire_runtime
 from monarch._src.actor.proc_mesh import ProcMesh, run_bootstrap
-from monarch._src.host.log_capture import flush_at_exit
-from monarch._src.host.spawner import ProcGroup, stop_all_groups
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.mesh_trait import MeshTrait
 from monarch._src.mesh.point import Point
 from monarch._src.mesh.shape import Shape
-from monarch._src.runtime.runtime import Runtime
 
 EnvSpec = Mapping[str, str] | Callable[[Point], Mapping[str, str]] | None
 
@@ -83,6 +81,8 @@ class HostMesh(MeshTrait):
                 envs.append(dict(env(Point(rank, extent))))
             else:
                 envs.append(dict(env or {}))
+        from monarch._src.host.spawner import ProcGroup  # subprocess is slow to import
+
         group = ProcGroup(name, envs, gated=bootstrap is not None)
         mesh = ProcMesh(tuple(group.addresses), Shape.from_extent(extent), owner=_ProcMeshOwner(group))
         if bootstrap is not None:
@@ -129,12 +129,15 @@ def shutdown_context() -> Future[None]:
         if _shutdown_done:
             return Future._completed(None)
         _shutdown_done = True
-    rt = Runtime.current()
+    retire_runtime()
+    rt = current_runtime()
     if rt is not None and not rt.closed:
+        from monarch._src.host.log_capture import flush_at_exit
+        from monarch._src.host.spawner import stop_all_groups
+
         stop_all_groups(timeout=1.0)
         flush_at_exit()  # what the workers printed last, and buffered aggregation, before exit
         rt.shutdown()
-    Runtime.retired = True
     return Future._completed(None)
 
 

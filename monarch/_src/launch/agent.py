@@ -46,7 +46,7 @@ from monarch._src.mesh.value_mesh import ValueMesh
 from monarch._src.runtime import output_writer
 
 from . import stacks as stacks_module
-from .command import WorkerCommand
+from .command import EntryKind, WorkerCommand
 from .config import LaunchConfig, Std
 from .logs import RunDirs, TailFile, Tailer, line_prefix
 from .store import StoreServer
@@ -290,7 +290,8 @@ class Agent:
             if self.tailer is not None:
                 self.tailer.stop()
             output_writer.flush_all(2.0)
-            self.dirs.cleanup()
+            if self.dirs is not None:
+                self.dirs.cleanup()
 
     # -- one attempt ------------------------------------------------------------------------------
 
@@ -526,7 +527,7 @@ class Agent:
             return
         message = None
         if cause is not None:
-            a.causes[rank] = cause
+            a.causes[rank] = getattr(cause, "exception", None) or cause
             message = getattr(cause, "exception_formatted", None) or f"{type(cause).__name__}: {cause}"
             message = message.rstrip("\n").replace("\n", "\n  ")
         elif self.target.is_call and code == 0:
@@ -605,6 +606,10 @@ class Agent:
             if code is not None and code != 0 and lr not in a.failures:
                 self._add_failure(a, lr, code)
         root = min(a.failures.values(), key=lambda f: f.timestamp)
+        command = self.target.command
+        if command is not None and command.kind is EntryKind.RUN_PATH:
+            # torchrun's --run-path (multiprocessing) reports only the first failure.
+            a.failures = {root.rank: root}
         self.log.error(
             "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
             root.exitcode,

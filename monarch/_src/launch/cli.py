@@ -281,10 +281,11 @@ def build_parser(
           help="[monarch] After a worker fails, seconds between SIGTERM and SIGKILL for the "
           "other workers (torchrun hard-codes 30). (PET_KILL_GRACE_PERIOD)")
     value("--hang-timeout", "--hang_timeout", type=float, default=None, metavar="SECONDS",
-          help="[monarch] Once a worker has exited successfully, fail the group if the others "
-          "have not exited within SECONDS; 0 or unset = wait forever. (PET_HANG_TIMEOUT)")
+          help="[monarch] When no worker has printed anything or exited for SECONDS, print "
+          "the Python stacks of every worker (SIGUSR1 does it on demand); 0 or unset = off. "
+          "(PET_HANG_TIMEOUT)")
     flag("--summary",
-         help="[monarch] Print a short per-rank summary (exit code, duration) at the end. "
+         help="[monarch] Print a per-rank summary (exit code, wall time, peak RSS) at the end. "
          "(PET_SUMMARY)")
 
     parser.add_argument("training_script", type=str,

@@ -253,10 +253,10 @@ class LaunchConfig:
     """Ours: seconds between SIGTERM and SIGKILL when the *other* workers are
     torn down after a failure (torchrun hard-codes 30)."""
     hang_timeout: float | None = None
-    """Ours: fail the group when no worker exits for this many seconds after
-    the first one exited cleanly; ``None`` = wait forever like torchrun."""
+    """Ours: print every rank's Python stacks when no worker has printed anything
+    or exited for this many seconds; ``None`` = off (torchrun has no such thing)."""
     summary: bool = False
-    """Ours: print a one-screen summary of the run at the end."""
+    """Ours: print a per-rank summary (exit code, wall time, peak RSS) at the end."""
 
     # -- diagnostics -------------------------------------------------------------------
     notices: tuple[str, ...] = field(default=())

@@ -187,7 +187,32 @@ def _script_job(spec: WorkerSpec) -> None:
     _exit_like_python(code, sig, spec.stats_file)
 
 
+def _missing_entry_point(command: WorkerCommand) -> int | None:
+    """What ``python script.py`` / ``python -m mod`` say when there is nothing to run."""
+    if command.kind is EntryKind.MODULE:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(command.target) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            sys.stderr.write(f"{sys.executable}: No module named {command.target}\n")
+            return 1
+        return None
+    if not os.path.exists(command.target):
+        sys.stderr.write(
+            f"{sys.executable}: can't open file {os.path.abspath(command.target)!r}: "
+            "[Errno 2] No such file or directory\n"
+        )
+        return 2
+    return None
+
+
 def _run_python(command: WorkerCommand, error_file: str) -> tuple[int, signal.Signals | None]:
+    missing = _missing_entry_point(command)
+    if missing is not None:
+        return missing, None
     try:
         command.run()
     except SystemExit as e:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import operator
 import textwrap
-from pprint import pformat
 from typing import Any, Generic, Iterable, Iterator, Sequence, TypeVar
 
 from monarch._src.mesh.mesh_trait import MeshTrait
@@ -131,5 +130,7 @@ class ValueMesh(MeshTrait, Generic[R]):
         return (ValueMesh, (self._value_shape, self._values))
 
     def __repr__(self) -> str:
+        from pprint import pformat
+
         body = textwrap.indent(pformat(tuple(self.items())), "  ")
         return f"ValueMesh({self._value_shape.extent}):\n{body}"

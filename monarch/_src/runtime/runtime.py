@@ -61,8 +61,6 @@ class Runtime:
     """See the module docstring. Use ``Runtime.get()`` for this process's instance."""
 
     _instance: ClassVar["Runtime | None"] = None
-    #: Set by shutdown_context(): a client is not restarted in the same process.
-    retired: ClassVar[bool] = False
     _instance_lock: ClassVar[threading.RLock] = threading.RLock()
     #: Upper layers install their message handlers through these, on every new runtime.
     _start_hooks: ClassVar[list[Callable[["Runtime"], None]]] = []
@@ -107,7 +105,7 @@ class Runtime:
         if rt is not None and not rt.closed:
             return rt
         with cls._instance_lock:
-            if cls.retired or (cls._instance is not None and cls._instance.closed):
+            if cls._instance is not None and cls._instance.closed:
                 raise RuntimeError(
                     "the monarch client of this process was shut down (shutdown_context()) and "
                     "cannot be restarted in the same process.\nHINT: start a new process."

@@ -13,8 +13,6 @@ import pickle
 import sys
 from typing import Any, Sequence
 
-import cloudpickle
-
 #: Buffers smaller than this stay inside the pickle stream: a separate write costs more.
 OUT_OF_BAND_THRESHOLD = 64 * 1024
 
@@ -82,11 +80,23 @@ def _lift_large_bytes(obj: Any, depth: int = 0) -> Any:
     return tuple(lifted) if t is tuple else lifted
 
 
-class _Pickler(cloudpickle.Pickler):
-    def reducer_override(self, obj: Any) -> Any:
-        if type(obj).__name__ == "Tensor" and "torch" in sys.modules:
-            return _reduce_torch_tensor(obj)
-        return super().reducer_override(obj)
+_pickler_class: Any = None
+
+
+def _pickler() -> Any:
+    """cloudpickle's Pickler with our out-of-band rules (cloudpickle is imported on first use)."""
+    global _pickler_class
+    if _pickler_class is None:
+        import cloudpickle
+
+        class _Pickler(cloudpickle.Pickler):
+            def reducer_override(self, obj: Any) -> Any:
+                if type(obj).__name__ == "Tensor" and "torch" in sys.modules:
+                    return _reduce_torch_tensor(obj)
+                return super().reducer_override(obj)
+
+        _pickler_class = _Pickler
+    return _pickler_class
 
 
 _SCALARS = frozenset({int, float, str, bool, type(None), complex})
@@ -122,14 +132,14 @@ def dumps(obj: Any) -> list[Any]:
         return False
 
     f = io.BytesIO()
-    _Pickler(f, protocol=5, buffer_callback=keep).dump(_lift_large_bytes(obj))
+    _pickler()(f, protocol=5, buffer_callback=keep).dump(_lift_large_bytes(obj))
     return [f.getbuffer(), *buffers]
 
 
 def dumps_inband(obj: Any) -> bytes:
     """Serialize for delivery inside this process: one copy, shares no memory with ``obj``."""
     f = io.BytesIO()
-    _Pickler(f, protocol=5).dump(obj)
+    _pickler()(f, protocol=5).dump(obj)
     return f.getvalue()
 
 
