@@ -167,7 +167,7 @@ class ActorEndpoint(Generic[R]):
         """
         self._prop.check_args(args, kwargs)
         mesh = self._mesh
-        bodies = _NO_ARGS if not args and not kwargs else payload.dumps((args, kwargs))
+        bodies = _NO_ARGS if not args and not kwargs else payload.dumps_call(args, kwargs)
         rt = runtime()
         dests = mesh._destinations()
         if selection == "choose":

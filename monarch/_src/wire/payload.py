@@ -118,6 +118,17 @@ def _is_plain(obj: Any, depth: int = 0) -> bool:
     return False
 
 
+def dumps_call(args: tuple, kwargs: dict) -> list[Any]:
+    """``dumps((args, kwargs))``, fastest for the common call with a few scalar arguments."""
+    if not kwargs and len(args) <= 8:
+        for a in args:
+            if type(a) not in _SCALARS:
+                break
+        else:
+            return [pickle.dumps((args, kwargs), 5)]
+    return dumps((args, kwargs))
+
+
 def dumps(obj: Any) -> list[Any]:
     """Serialize ``obj`` into ``[stream, *out_of_band_buffers]`` without copying large buffers."""
     if _is_plain(obj):  # the common small message: skip cloudpickle's per-call setup
