@@ -42,6 +42,8 @@ class PortHandler:
     port_id: int = 0
     #: What the caller is waiting for, for error messages ("mesh.endpoint").
     label: str = "port"
+    #: Processes a reply is expected from (see ``expect_from``).
+    _addresses: Iterable[str] = ()
 
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
         raise NotImplementedError
@@ -72,7 +74,10 @@ class PortHandler:
                     return
 
     def stop_expecting(self) -> None:
-        addresses = getattr(self, "_addresses", ())
+        addresses = self._addresses
+        if not addresses:
+            return
+        self._addresses = ()
         with _waiting_lock:
             for a in addresses:
                 s = _waiting_on.get(a)
@@ -184,7 +189,7 @@ class PortReceiver(PortHandler, Generic[R]):
             fut._set_exception(exc)
 
     def expect_from(self, addresses: Iterable[str]) -> None:
-        super().expect_from(set(addresses) | getattr(self, "_addresses", set()))
+        super().expect_from(set(addresses) | set(self._addresses))
 
     def _resolve(self, fut: Future[Any], rank: int | None, value: Any, is_exception: bool) -> None:
         if is_exception:
