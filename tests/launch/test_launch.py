@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def test_workers_get_torchrun_env_and_run_script_as_main(scripts, tmp_path):
 def test_launcher_does_not_import_torch(scripts, tmp_path):
     script = scripts.write("p.py", "print('hi')\n")
     r = subprocess.run(
-        [os.sys.executable, "-X", "importtime", "-m", "monarch.launch", script],
+        [sys.executable, "-X", "importtime", "-m", "monarch.launch", script],
         capture_output=True, text=True, env=clean_env(), timeout=60,
     )
     assert r.returncode == 0, r.stderr
@@ -136,10 +137,16 @@ def test_module_run_path_and_no_python(scripts, tmp_path):
     assert "KeyError: 'rp'" in r.err  # the error file written for --run-path, as torchrun does
     assert "Failures:\n  <NO_OTHER_FAILURES>" in r.err  # --run-path lists the first failure only
 
-    r = monarch_launch("--nproc-per-node", "2", "--no-python", "sh", "-c", 'echo "sh rank $RANK"; exit $((RANK + 4))')
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    shell = (
+        f'echo "sh rank $RANK"; if [ "$RANK" = 0 ]; then touch {sync}/r0; exit 0; fi; '
+        f"while [ ! -e {sync}/r0 ]; do sleep 0.01; done; exit 5"
+    )
+    r = monarch_launch("--nproc-per-node", "2", "--no-python", "sh", "-c", shell)
     assert r.rc == 1, r
     assert sorted(re.findall(r"sh rank (\d)", r.out)) == ["0", "1"]
-    assert re.search(r"exitcode  : [45] \(pid: \d+\) \n", r.err)
+    assert re.search(r"rank      : 1 \(local_rank: 1\)\n  exitcode  : 5 \(pid: \d+\) \n", r.err)
     assert "sh FAILED" in r.err
 
 
@@ -358,21 +365,23 @@ def test_sigusr1_prints_every_ranks_stack(scripts, tmp_path):
     _wait_ready(proc, 2)
     wait_until(lambda: all("ready" in p.read_text() for p in logs.glob("*/attempt_0/*/stdout.log"))
                and len(list(logs.glob("*/attempt_0/*/stdout.log"))) == 2, 30, "ready")
-    os.kill(proc.pid, signal.SIGUSR1)
-    err_lines: list[str] = []
+    try:
+        os.kill(proc.pid, signal.SIGUSR1)
+        err_lines: list[str] = []
 
-    def dumped() -> bool:
-        line = proc.stderr.readline()  # type: ignore[union-attr]
-        err_lines.append(line)
-        return "=" * 20 in line and "Python stacks" not in line and len(err_lines) > 3
+        def dumped() -> bool:
+            line = proc.stderr.readline()  # type: ignore[union-attr]
+            err_lines.append(line)
+            return "=" * 20 in line and "Python stacks" not in line and len(err_lines) > 3
 
-    wait_until(dumped, 30, "the stack dump")
-    dump = "".join(err_lines)
-    for rank in (0, 1):
-        assert f"[rank{rank}]: Thread MainThread (most recent call last):" in dump
-        assert re.search(rf"\[rank{rank}\]:   File \"{re.escape(script)}\", line \d+, in stuck_in_here", dump)
-    proc.terminate()
-    proc.communicate(timeout=30)
+        wait_until(dumped, 30, "the stack dump")
+        dump = "".join(err_lines)
+        for rank in (0, 1):
+            assert f"[rank{rank}]: Thread MainThread (most recent call last):" in dump, dump
+            assert re.search(rf"\[rank{rank}\]:   File \"{re.escape(script)}\", line \d+, in stuck_in_here", dump)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
     assert proc.returncode == 1
 
 

@@ -296,13 +296,20 @@ class Agent:
     # -- one attempt ------------------------------------------------------------------------------
 
     def _run_attempt(self, index: int) -> str:
-        a = self._start_attempt(index)
+        ok = False
         try:
-            return self._watch(a)
+            a = self._start_attempt(index)
+            state = self._watch(a)
+            ok = True
+            return state
         finally:
-            a.stopping = True
-            if a.store is not None:
-                a.store.close()
+            a = self.attempt
+            if a is not None and a.index == index:
+                a.stopping = True
+                if not ok and a.group is not None:
+                    a.group.kill()  # the launcher itself failed: leave no worker behind
+                if a.store is not None:
+                    a.store.close()
             if self.tailer is not None:
                 self.tailer.reset()
 

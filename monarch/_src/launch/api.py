@@ -60,22 +60,36 @@ def _flags(options: Mapping[str, Any]) -> list[str]:
     return argv
 
 
+def _parse(argv: list[str]) -> LaunchConfig:
+    """The command line's parse; a syntax error is a ValueError here, not an exit."""
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            return parse_args(argv)
+    except SystemExit:
+        message = buffer.getvalue().strip().splitlines()
+        raise ValueError(f"invalid launcher option: {message[-1] if message else argv}") from None
+
+
 class SPMDLauncher:
     """torchrun's options, checked once; :meth:`run` launches with them (any number of times).
 
     :param env: variables added to (or replacing) the workers' inherited environment.
     :param options: torchrun's flags as keywords (``nproc_per_node=2``, ``max_restarts=1``,
         ``standalone=True``, ``kill_grace_period=5`` ...).
-    :raises SystemExit: (code 2) a flag that does not exist or a value of the wrong type,
-        as on the command line.
-    :raises LaunchConfigError: a value torchrun rejects (``nnodes="2:1"``, ``tee="5"`` ...).
+    :raises ValueError: a flag that does not exist or a value of the wrong type (the
+        command line's exit code 2), or a value torchrun rejects (``nnodes="2:1"``,
+        ``tee="5"`` ...: :class:`~.config.LaunchConfigError`, a ValueError).
     """
 
     def __init__(self, env: Mapping[str, str] | None = None, **options: Any) -> None:
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.options = dict(options)
         self._argv = _flags(options)
-        self.config: LaunchConfig = parse_args([*self._argv, _FUNCTION_PLACEHOLDER])
+        self.config: LaunchConfig = _parse([*self._argv, _FUNCTION_PLACEHOLDER])
 
     def __repr__(self) -> str:
         return f"SPMDLauncher({' '.join(self._argv)})"
@@ -93,7 +107,7 @@ class SPMDLauncher:
         else:
             if kwargs:
                 raise TypeError("a script takes command-line arguments only (positional strings)")
-            config = parse_args([*self._argv, os.fspath(target), *(str(a) for a in args)])
+            config = _parse([*self._argv, os.fspath(target), *(str(a) for a in args)])
             command = build_worker_command(config)
             spec = Target(command=command, name=command.summary_name)
         env = dict(os.environ)

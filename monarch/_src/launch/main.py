@@ -101,7 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     public.unhandled_fault_hook = lambda failure: log.debug("ignored: %s", failure)
 
-    outcome = agent.run()
+    try:
+        outcome = agent.run()
+    except Exception as err:  # the launcher itself could not run the job (say, a busy port)
+        output_writer.flush_all(2.0)
+        log.error("the launch failed: %s: %s", type(err).__name__, err, exc_info=log.isEnabledFor(10))
+        return 1
     output_writer.flush_all(2.0)
     if config.summary:
         state = {"succeeded": "succeeded", "failed": "FAILED", "signaled": "stopped by a signal"}[outcome.state]

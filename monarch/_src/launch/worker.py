@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import inspect
 import os
 import resource
@@ -388,6 +389,11 @@ def _exit_like_python(code: int, sig: signal.Signals | None, stats_file: str | N
         except OSError:
             pass
         os._exit(code)
+    # Interpreter shutdown still runs (modules are torn down, files flushed as their last
+    # reference goes), but the collector skips everything alive now: Python does not
+    # promise finalizers for objects that still exist at exit, and with torch imported
+    # the final collections alone take about half a second.
+    gc.freeze()
     from monarch._src.runtime import bootstrap
 
     bootstrap.request_exit(code)

@@ -92,9 +92,12 @@ class Runtime:
         self.closed = False
         self.loop_thread = LoopThread()
         self.loop = self.loop_thread.loop
-        with Runtime._instance_lock:  # handlers must be in place before the first frame
+        with Runtime._instance_lock:
+            # Handlers, and this process's instance, must be in place before the first frame:
+            # a handler asking for "the runtime" must never start a second one.
             for hook in Runtime._start_hooks:
                 hook(self)
+            Runtime._instance = self
         self._server = self.loop_thread.run_sync(self._listen(listen_sock))
 
     # -- process-wide instance ----------------------------------------------------------------
