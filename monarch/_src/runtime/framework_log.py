@@ -16,11 +16,9 @@ in ``MONARCH_LOG_DIR``, so one job's files sit together.
 
 from __future__ import annotations
 
-import getpass
 import logging
 import os
 import sys
-import tempfile
 import threading
 import time
 
@@ -70,6 +68,9 @@ def parse_level(variable: str, default: int, problems: list[str]) -> int:
 
 
 def _base_dir() -> str:
+    import getpass
+    import tempfile
+
     try:
         user = getpass.getuser()
     except Exception:

@@ -47,7 +47,37 @@ def new_socket_dir() -> str:
     """A private (0700) directory for this job's Unix sockets."""
     base = os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
     os.makedirs(base, mode=0o700, exist_ok=True)
+    sweep_stale_jobs(base)
     return tempfile.mkdtemp(prefix="job-", dir=base)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_jobs(base: str) -> None:
+    """Remove what jobs whose processes are all gone left behind (a client killed with -9
+    cannot clean up): their socket directories and shared-memory buffers."""
+    try:
+        jobs = os.listdir(base)
+    except OSError:
+        return
+    for job in jobs:
+        path = os.path.join(base, job)
+        try:
+            pids = {int(name.split("-", 1)[0]) for name in os.listdir(path) if name.endswith(".sock")}
+        except (OSError, ValueError):
+            continue
+        if pids and not any(_alive(pid) for pid in pids):
+            shutil.rmtree(path, ignore_errors=True)
+            shm.sweep(job)
+    shm.sweep_orphans(lambda tag: os.path.isdir(os.path.join(base, tag)))
 
 
 def bind_unix_socket(path: str) -> socket.socket:
@@ -198,24 +228,30 @@ class Runtime:
         if sum(sizes) > self.max_frame_bytes:  # the limit applies to the message, wherever it travels
             raise FrameTooLargeError(sum(sizes), self.max_frame_bytes, "sending")
         bodies = list(bodies)
-        moved = []
+        moved, as_bytes = [], []
         for i in range(1, len(bodies)):
             if sizes[i] >= shm.THRESHOLD:
+                was_bytes = type(memoryview(bodies[i]).obj) is bytes
                 name = shm.export(self.job_tag, bodies[i])
                 if name is not None:
                     bodies[i] = name
                     moved.append(i)
+                    if was_bytes:  # rebuilt as bytes: read it straight into a bytes object
+                        as_bytes.append(i)
         if moved:
             header["shm"] = moved
+        if as_bytes:
+            header["shmb"] = as_bytes
         return bodies
 
     def _receive(self, header: dict, bodies: list) -> None:
         """A frame from another process: map its shared-memory buffers, then route it."""
         moved = header.get("shm")
         if moved:
+            as_bytes = header.get("shmb") or ()
             try:
                 for i in moved:
-                    bodies[i] = shm.import_(bytes(bodies[i]))
+                    bodies[i] = shm.import_(bytes(bodies[i]), as_bytes=i in as_bytes)
             except (OSError, ValueError, TypeError, IndexError) as e:
                 logger.error("dropping a frame whose shared-memory buffer is unusable: %s", e)
                 return

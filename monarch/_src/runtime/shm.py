@@ -16,6 +16,7 @@ import glob
 import mmap
 import os
 import secrets
+from typing import Callable
 
 SHM_DIR = "/dev/shm"
 #: Buffers at least this large go through shared memory.
@@ -50,8 +51,12 @@ def export(job_tag: str, buffer: memoryview) -> bytes | None:
     return name.encode()
 
 
-def import_(name: bytes) -> memoryview:
-    """Map a buffer a peer exported (copy-on-write) and remove its name."""
+def import_(name: bytes, as_bytes: bool = False) -> memoryview | bytes:
+    """Map a buffer a peer exported (copy-on-write) and remove its name.
+
+    ``as_bytes`` reads it into a ``bytes`` object instead, for data that must become ``bytes``
+    anyway (one kernel copy, no page faults on a mapping).
+    """
     text = name.decode()
     if "/" in text or not text.startswith("monarch-"):
         raise ValueError(f"not a monarch shared-memory buffer name: {text!r}")
@@ -60,11 +65,37 @@ def import_(name: bytes) -> memoryview:
     try:
         size = os.fstat(fd).st_size
         os.unlink(path)
+        if as_bytes:
+            data = os.read(fd, size)
+            while len(data) < size:  # very large files may need more than one read
+                chunk = os.read(fd, size - len(data))
+                if not chunk:
+                    raise OSError(f"shared-memory buffer {text} is truncated")
+                data += chunk
+            return data
         if size == 0:
             return memoryview(b"")
         return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
     finally:
         os.close(fd)
+
+
+def sweep_orphans(job_exists: Callable[[str], bool]) -> None:
+    """Remove buffers of jobs that no longer exist (their receivers died before reading).
+
+    Only buffers older than a minute: a live job elsewhere (another TMPDIR) reads its own
+    within milliseconds.
+    """
+    import time
+
+    cutoff = time.time() - 60
+    for path in glob.glob(os.path.join(SHM_DIR, "monarch-*-*")):
+        tag = os.path.basename(path)[len("monarch-") :].rsplit("-", 1)[0]
+        try:
+            if not job_exists(tag) and os.stat(path).st_mtime < cutoff:
+                os.unlink(path)
+        except OSError:
+            pass
 
 
 def sweep(job_tag: str) -> None:

@@ -18,7 +18,7 @@ OUT_OF_BAND_THRESHOLD = 64 * 1024
 
 
 def _bytes_from_buffer(buf: Any) -> bytes:
-    return bytes(buf)
+    return buf if type(buf) is bytes else bytes(buf)  # already bytes: read so by the transport
 
 
 def _tensor_from_buffer(buf: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> Any:
