@@ -410,7 +410,10 @@ def test_environment_matches_real_torchrun(tmp_path: Path) -> None:
                            rf"{local_rank}/error\.json")
                 assert re.fullmatch(pattern, real["TORCHELASTIC_ERROR_FILE"])
             # The command line and what the script sees.
-            assert tuple(rec["orig_argv"]) == command.subprocess_argv
+            # argv[0] may name the same interpreter through another link (python vs python3).
+            real_argv, our_argv = list(rec["orig_argv"]), list(command.subprocess_argv)
+            assert os.path.realpath(real_argv[0]) == os.path.realpath(our_argv[0])
+            assert real_argv[1:] == our_argv[1:]
             assert rec["path0"] == command.sys_path0(cwd=str(tmp_path))
             if command.kind is EntryKind.MODULE:  # python -m puts the file path in argv[0]
                 assert rec["argv"] == [str(tmp_path / "dumpmod.py"), *command.argv[1:]]
