@@ -629,27 +629,9 @@ class Agent:
         return "failed"
 
     def _shutdown_on_signal(self, a: _Attempt, signum: int) -> str:
-        self._pending_signal = signum
         self.log.warning("Received %s death signal, shutting down workers", signum)
-        a.stopping = True
-        self._sample_rss(a)
-        sig_name = signal.Signals(signum).name
-        for lr, code in enumerate(a.exit_codes):
-            if code is None:
-                self.log.warning("Sending process %s closing signal %s", a.pids[lr], sig_name)
-                signal_process_group(a.pids[lr], signum)
-        self._pending_signal = None
-        if not self._wait_for_exits(a, time.monotonic() + self.config.shutdown_timeout, escalate=True):
-            for lr, code in enumerate(a.exit_codes):
-                if code is None:
-                    self.log.warning(
-                        "Unable to shutdown process %s via %s, forcefully exiting via %s",
-                        a.pids[lr],
-                        sig_name,
-                        signal.SIGKILL.name,
-                    )
-                    signal_process_group(a.pids[lr], signal.SIGKILL)
-            self._wait_for_exits(a, time.monotonic() + KILL_WAIT_S, escalate=False)
+        self._pending_signal = None  # a second signal while we wait kills the workers at once
+        self._stop_workers(a, signum, self.config.shutdown_timeout)
         self._pending_signal = signum
         return "signaled"
 

@@ -22,6 +22,7 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from .config import LaunchConfig, LaunchConfigError
 
@@ -235,47 +236,16 @@ def worker_environ(
     config: LaunchConfig,
     local_rank: int,
     *,
-    master_addr: str,
-    master_port: int,
-    error_file: str,
-    node_rank: int = 0,
-    restart_count: int = 0,
-    run_id: str | None = None,
-    group_world_size: int | None = None,
-    rank_offset: int | None = None,
-    world_size: int | None = None,
-    role_rank_offset: int | None = None,
-    role_world_size: int | None = None,
-    use_agent_store: bool = True,
-    timer_file: str | None = None,
     parent_env: Mapping[str, str] | None = None,
+    **worker_vars: Any,
 ) -> dict[str, str]:
     """The complete environment of one worker: the launcher's, plus :func:`worker_env_vars`.
 
     torchrun passes its whole ``os.environ`` down (``PET_*``, ``PATH``,
     ``CUDA_VISIBLE_DEVICES``, ``PYTHONUNBUFFERED`` ...) and lays the per-worker
-    keys on top; so do we. Arguments are those of :func:`worker_env_vars`.
+    keys on top; so do we. Keyword arguments are those of :func:`worker_env_vars`.
     """
     env = os.environ if parent_env is None else parent_env
     full = dict(env)
-    full.update(
-        worker_env_vars(
-            config,
-            local_rank,
-            master_addr=master_addr,
-            master_port=master_port,
-            error_file=error_file,
-            node_rank=node_rank,
-            restart_count=restart_count,
-            run_id=run_id,
-            group_world_size=group_world_size,
-            rank_offset=rank_offset,
-            world_size=world_size,
-            role_rank_offset=role_rank_offset,
-            role_world_size=role_world_size,
-            use_agent_store=use_agent_store,
-            timer_file=timer_file,
-            parent_env=env,
-        )
-    )
+    full.update(worker_env_vars(config, local_rank, parent_env=env, **worker_vars))
     return full
