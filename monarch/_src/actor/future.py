@@ -10,6 +10,7 @@ cancel the work.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, TypeVar
@@ -186,11 +187,8 @@ class Future(Generic[R]):
         global _warned_in_loop
         if _warned_in_loop or getattr(_sync_actor_thread, "value", False):
             return
-        import asyncio
-
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
+        asyncio = sys.modules.get("asyncio")  # no asyncio imported: no loop can be running
+        if asyncio is None or asyncio._get_running_loop() is None:
             return
         _warned_in_loop = True
         warnings.warn(
