@@ -36,9 +36,11 @@ import logging
 import socket
 import struct
 import threading
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 logger = logging.getLogger("monarch.launch.store")
+
+_T = TypeVar("_T")
 
 __all__ = ["StoreServer", "bind_addresses"]
 
@@ -125,6 +127,22 @@ class _Reader:
         return None if raw is None else raw.decode("utf-8", "surrogateescape")
 
     def keys(self) -> list[str] | None:
+        return self._counted(self.key)
+
+    def pairs(self) -> list[tuple[str, bytes]] | None:
+        """Count-prefixed (key, value) pairs (MULTI_SET)."""
+
+        def pair() -> tuple[str, bytes] | None:
+            key = self.key()
+            if key is None:
+                return None
+            value = self.blob(MAX_VALUE_LEN)
+            return None if value is None else (key, value)
+
+        return self._counted(pair)
+
+    def _counted(self, read_one: Callable[[], _T | None]) -> list[_T] | None:
+        """A u64 count, then that many items; None while the request is incomplete."""
         count = self.u64()
         if count is None:
             return None
@@ -132,10 +150,10 @@ class _Reader:
             raise _ProtocolError(f"{count} keys in one request")
         out = []
         for _ in range(count):
-            k = self.key()
-            if k is None:
+            item = read_one()
+            if item is None:
                 return None
-            out.append(k)
+            out.append(item)
         return out
 
 
@@ -304,20 +322,9 @@ class _Client(asyncio.Protocol):
             self.send(b"".join(_blob(store.data.get(k, b"")) for k in keys))
             return True
         if op == MULTI_SET:
-            count = r.u64()
-            if count is None:
+            pairs = r.pairs()
+            if pairs is None:
                 return False
-            if count > MAX_KEY_COUNT:
-                raise _ProtocolError(f"{count} keys in one request")
-            pairs = []
-            for _ in range(count):
-                key = r.key()
-                if key is None:
-                    return False
-                value = r.blob(MAX_VALUE_LEN)
-                if value is None:
-                    return False
-                pairs.append((key, value))
             for key, value in pairs:
                 store._set(key, value)
             return True
