@@ -1,7 +1,7 @@
 """The next step after ``python -m monarch.launch``: the same DDP training as an actor mesh.
 
-``examples/train_ddp.py`` is a script that a launcher starts N times. Here the training
-loop is an endpoint, ``Trainer.train(cfg)``, of an actor spawned on every process of a
+``examples/train_ddp.py`` is a script that a launcher starts N times. Here its training
+loop (``train_ddp.fit``, imported from the script next to this one) runs in an endpoint, ``Trainer.train(cfg)``, of an actor spawned on every process of a
 ProcMesh, and this file is the controller: it calls ``trainers.train.call(cfg)`` on all
 ranks at once and gets every rank's final loss back. Because the controller is ordinary
 Python holding the mesh, a rank failure is an exception it can catch: it stops the
@@ -44,43 +44,22 @@ class Trainer(Actor):
     def train(self, cfg: Config) -> float:
         import datetime
 
-        import torch
         import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        from train_ddp import fit  # the very loop the torchrun-style script runs
+
+        attempt = int(os.environ["ATTEMPT"])
+
+        def fail_on_purpose(rank: int) -> None:
+            if rank == cfg.fail_rank and attempt == cfg.fail_attempt:
+                if cfg.crash:
+                    os._exit(3)  # the process dies: a supervision event, not an exception
+                raise RuntimeError(f"rank {rank} fails on purpose (attempt {attempt})")
 
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
         try:
-            rank, world = dist.get_rank(), dist.get_world_size()
-            attempt = int(os.environ["ATTEMPT"])
-            g = torch.Generator().manual_seed(1234)
-            x = torch.randn(512, 8, generator=g)
-            y = x @ torch.arange(1.0, 9.0).unsqueeze(1) + 0.1 * torch.randn(512, 1, generator=g)
-            x, y = x[rank::world], y[rank::world]
-            torch.manual_seed(0)
-            model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
-            opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-            batch = max(1, len(x) // cfg.steps)
-            avg = torch.zeros(())
-            for epoch in range(cfg.epochs):
-                for step in range(cfg.steps):
-                    xb, yb = x[step * batch : (step + 1) * batch], y[step * batch : (step + 1) * batch]
-                    opt.zero_grad()
-                    loss = torch.nn.functional.mse_loss(model(xb), yb)
-                    loss.backward()
-                    opt.step()
-                if rank == cfg.fail_rank and attempt == cfg.fail_attempt:
-                    if cfg.crash:
-                        os._exit(3)  # the process dies: a supervision event, not an exception
-                    raise RuntimeError(f"rank {rank} fails on purpose (attempt {attempt})")
-                avg = loss.detach().clone()
-                dist.all_reduce(avg)
-                avg /= world
-                if rank == 0:
-                    print(f"epoch {epoch} loss {avg.item():.6f}", flush=True)
-            return float(avg.item())
+            return fit(cfg.epochs, cfg.steps, cfg.lr, on_epoch_end=fail_on_purpose)
         finally:
             dist.destroy_process_group()
-
 
 def free_port() -> int:
     with socket.socket() as s:

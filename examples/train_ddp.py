@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,35 @@ def make_data(rank: int, world: int, n: int = 512) -> tuple[torch.Tensor, torch.
     return x[rank::world], y[rank::world]
 
 
+def fit(epochs: int, steps: int, lr: float = 0.01, on_epoch_end: Callable[[int], None] | None = None) -> float:
+    """The training loop, on the default process group; returns the final averaged loss.
+
+    ``examples/ddp_actor_mesh.py`` calls this same function from an actor endpoint.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    x, y = make_data(rank, world)
+    batch = max(1, len(x) // steps)
+    loss = avg = torch.zeros(())
+    for epoch in range(epochs):
+        for step in range(steps):
+            xb, yb = x[step * batch : (step + 1) * batch], y[step * batch : (step + 1) * batch]
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            loss.backward()
+            opt.step()
+        if on_epoch_end is not None:
+            on_epoch_end(rank)
+        avg = loss.detach().clone()
+        dist.all_reduce(avg)
+        avg /= world
+        if rank == 0:
+            print(f"epoch {epoch} loss {avg.item():.6f}", flush=True)
+    return float(avg.item())
+
+
 @record
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -43,30 +73,15 @@ def main() -> None:
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = make_data(rank, world)
-    batch = max(1, len(x) // args.steps)
-    loss = torch.zeros(())
-    for epoch in range(args.epochs):
-        for step in range(args.steps):
-            xb, yb = x[step * batch : (step + 1) * batch], y[step * batch : (step + 1) * batch]
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(xb), yb)
-            loss.backward()
-            opt.step()
+
+    def fail_on_purpose(rank: int) -> None:
         if rank == args.fail_rank and attempt == args.fail_attempt:
             raise RuntimeError(f"rank {rank} fails on purpose (attempt {attempt})")
-        avg = loss.detach().clone()
-        dist.all_reduce(avg)
-        avg /= world
-        if rank == 0:
-            print(f"epoch {epoch} loss {avg.item():.6f}", flush=True)
-    if rank == 0:
-        print(f"final loss {avg.item():.6f} (world size {world}, attempt {attempt})", flush=True)
+
+    final = fit(args.epochs, args.steps, on_epoch_end=fail_on_purpose)
+    if dist.get_rank() == 0:
+        print(f"final loss {final:.6f} (world size {dist.get_world_size()}, attempt {attempt})", flush=True)
     dist.destroy_process_group()
 
 
