@@ -129,17 +129,16 @@ class _Reader:
     def keys(self) -> list[str] | None:
         return self._counted(self.key)
 
+    def key_value(self) -> tuple[str, bytes] | None:
+        key = self.key()
+        if key is None:
+            return None
+        value = self.blob(MAX_VALUE_LEN)
+        return None if value is None else (key, value)
+
     def pairs(self) -> list[tuple[str, bytes]] | None:
         """Count-prefixed (key, value) pairs (MULTI_SET)."""
-
-        def pair() -> tuple[str, bytes] | None:
-            key = self.key()
-            if key is None:
-                return None
-            value = self.blob(MAX_VALUE_LEN)
-            return None if value is None else (key, value)
-
-        return self._counted(pair)
+        return self._counted(self.key_value)
 
     def _counted(self, read_one: Callable[[], _T | None]) -> list[_T] | None:
         """A u64 count, then that many items; None while the request is incomplete."""
@@ -232,9 +231,10 @@ class _Client(asyncio.Protocol):
             self.send(nonce)
             return True
         if op == SET or op == APPEND:
-            key, value = r.key(), None
-            if key is None or (value := r.blob(MAX_VALUE_LEN)) is None:
+            kv = r.key_value()
+            if kv is None:
                 return False
+            key, value = kv
             if op == SET:
                 store._set(key, value)
             else:
@@ -329,12 +329,10 @@ class _Client(asyncio.Protocol):
                 store._set(key, value)
             return True
         if op == QUEUE_PUSH:
-            key = r.key()
-            if key is None:
+            kv = r.key_value()
+            if kv is None:
                 return False
-            value = r.blob(MAX_VALUE_LEN)
-            if value is None:
-                return False
+            key, value = kv
             store._queues[key].append(value)
             store._wake(key, only_one=True)
             return True

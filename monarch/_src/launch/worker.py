@@ -363,6 +363,15 @@ def _write_stats(path: str | None) -> None:
         pass
 
 
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # a closed or broken stream must not stop the worker
+            pass
+
+
 def _exit_like_python(code: int, sig: signal.Signals | None, stats_file: str | None) -> None:
     """End the process as ``python -u script.py`` would have, after the script returned."""
     try:
@@ -371,12 +380,7 @@ def _exit_like_python(code: int, sig: signal.Signals | None, stats_file: str | N
     except BaseException:  # noqa: B036 - nothing may keep the worker from exiting
         pass
     _write_stats(stats_file)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:
-            pass
+    _flush_std_streams()
     if sig is not None:
         if sig.name in _CORE_SIGNALS:
             try:
@@ -417,12 +421,7 @@ def _call_job(spec: WorkerSpec) -> tuple[Any, BaseException | None]:
         tb = _user_traceback(e.__traceback__)
         return None, e.with_traceback(tb)
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:
-                    stream.flush()
-            except Exception:
-                pass
+        _flush_std_streams()
 
 
 async def _await(aw: Any) -> Any:
