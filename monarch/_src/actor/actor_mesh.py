@@ -64,6 +64,8 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     def _check_usable(self, endpoint: str) -> None:
         """Raise SupervisionError if a rank of this (sliced) mesh is known failed or stopped."""
+        if not supervision.any_trouble():  # the common case, on every call: nothing to look up
+            return
         err = supervision.mesh_error(self._key, self._mesh_name, endpoint, self._dest_addresses())
         if err is not None:
             raise err

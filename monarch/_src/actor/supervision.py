@@ -85,10 +85,13 @@ def record_spawn(owner_key: str, mesh_key: str, name: str, addresses: tuple[str,
         _deliver(mesh_key, rank, report)
 
 
+def any_trouble() -> bool:
+    """Whether any mesh or process is known stopped or failed in this process."""
+    return bool(_stopped or _failed or dead_processes)
+
+
 def mesh_error(mesh_key: str, mesh_name: str, endpoint: str, addresses: list[str]) -> SupervisionError | None:
     """Why a call on these ranks of a mesh must fail at once (or None if it may proceed)."""
-    if not (_stopped or _failed or dead_processes):
-        return None
     if mesh_key in _stopped:
         return SupervisionError(f"Endpoint call {mesh_name}.{endpoint}() failed, actor mesh {mesh_name} has been stopped")
     failed = _failed.get(mesh_key)
