@@ -279,6 +279,7 @@ class ActorInstance:
         prop = self._endpoints.get(name)
         try:
             args, kwargs = payload.loads(bodies)
+            bodies.clear()  # the arguments own their buffers now; see _handle_sync
             if prop is not None:
                 fn, explicit = prop._method, prop._explicit_response_port
             else:
@@ -297,6 +298,9 @@ class ActorInstance:
             return
         try:
             result = fn(self.actor, *args, **kwargs)
+            # Arguments die before the reply leaves, so shared-memory buffers they mapped are
+            # given back to their sender ahead of the reply (and it can reuse them at once).
+            args = kwargs = None
             if _is_awaitable(result):  # an async method reached through as_endpoint
                 result = _run_on_loop(result)
         except Exception as e:
@@ -321,13 +325,16 @@ class ActorInstance:
             task.add_done_callback(self._tasks.discard)
             await asyncio.sleep(0)  # start-order guarantee: it runs until its first await
             return
-        await self._run_async(fn, args, kwargs, reply, explicit, header["e"])
+        run = self._run_async(fn, args, kwargs, reply, explicit, header["e"])
+        del args, kwargs  # owned by the coroutine alone, which drops them before replying
+        await run
 
     async def _run_async(self, fn: Callable[..., Any], args: Any, kwargs: Any, reply: Port[Any] | None, explicit: bool, name: str) -> None:
         import asyncio
 
         try:
             result = fn(self.actor, *args, **kwargs)
+            args = kwargs = None  # see _handle_sync
             if _is_awaitable(result):
                 result = await result
         except Exception as e:

@@ -24,6 +24,9 @@ class RuntimeConfig:
             "MONARCH_MAX_FRAME_BYTES", _int_env("HYPERACTOR_CODEC_MAX_FRAME_LENGTH", 10 << 30)
         )
     )
+    #: Bytes of shared-memory files each process keeps for reuse by large messages it sends
+    #: to processes on its host (0 turns the reuse off; every large buffer gets a fresh file).
+    shm_pool_bytes: int = field(default_factory=lambda: _int_env("MONARCH_SHM_POOL_BYTES", 1 << 30))
     #: How long shutdown waits for a worker to exit by itself before killing it.
     stop_timeout_s: float = 5.0
 

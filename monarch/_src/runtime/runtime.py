@@ -13,6 +13,7 @@ per-sender FIFO guarantee.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -35,6 +36,10 @@ Handler = Callable[[dict, list], None]
 PeerLostCallback = Callable[[str, BaseException], None]
 
 ADDRESS_PREFIX = "unix:"
+
+#: Frame kind of "I no longer use these shared-memory files you lent me" (runtime-internal;
+#: the actor layer numbers its kinds below this).
+SHM_GIVE_BACK_KIND = 64
 
 
 def socket_path(address: str) -> str:
@@ -119,6 +124,12 @@ class Runtime:
         self._conns_lock = threading.Lock()
         self._incoming: set[IncomingConnection] = set()
         self._peer_lost: list[PeerLostCallback] = []
+        self._send_pool = shm.SendPool(self.job_tag, CONFIG.shm_pool_bytes)
+        #: Lent files this process is done with, per lender, not yet told (see _give_back).
+        self._given_back: dict[str, list[str]] = {}
+        self._given_back_lock = threading.Lock()
+        self._handlers[SHM_GIVE_BACK_KIND] = lambda header, bodies: self._send_pool.give_back(header["n"])
+        self._peer_lost.append(lambda address, reason: self._send_pool.reclaim(address))
         self.closed = False
         self.loop_thread = LoopThread()
         self.loop = self.loop_thread.loop
@@ -199,6 +210,8 @@ class Runtime:
 
     def send(self, address: str, header: dict, bodies: list) -> None:
         """Deliver one message; callable from any thread. Raises FrameTooLargeError at once."""
+        if self._given_back:
+            self._flush_given_back()
         if address == self.address:
             if len(bodies) > 1:  # out-of-band buffers alias the sender's memory: copy them
                 bodies = [bodies[0], *(bytearray(b) for b in bodies[1:])]
@@ -210,7 +223,7 @@ class Runtime:
                 "process exit); nothing more can be sent from it."
             )
         if len(bodies) > 1 and shm.available():
-            bodies = self._export_large_buffers(header, bodies)
+            bodies = self._export_large_buffers(address, header, bodies)
         buffers = encode_frame(header, bodies, self.max_frame_bytes)
         conn = self._conns.get(address)
         if conn is None or conn.closed:
@@ -220,19 +233,28 @@ class Runtime:
         except ConnectionError as e:
             logger.debug("send to %s failed: %s", address, e)
 
-    def _export_large_buffers(self, header: dict, bodies: list) -> list:
-        """Move large out-of-band buffers to shared memory (same host); header["shm"] lists them."""
+    def _export_large_buffers(self, address: str, header: dict, bodies: list) -> list:
+        """Move large out-of-band buffers to shared memory (same host).
+
+        header["shm"] lists the bodies that became file names; header["shml"] those of them
+        lent from this process's pool, as [index, size] pairs, and header["shmo"] says where
+        to give them back.
+        """
         sizes = [memoryview(b).nbytes for b in bodies]
         if max(sizes[1:]) < shm.THRESHOLD:
             return bodies
         if sum(sizes) > self.max_frame_bytes:  # the limit applies to the message, wherever it travels
             raise FrameTooLargeError(sum(sizes), self.max_frame_bytes, "sending")
         bodies = list(bodies)
-        moved, as_bytes = [], []
+        moved, as_bytes, lent = [], [], []
         for i in range(1, len(bodies)):
             if sizes[i] >= shm.THRESHOLD:
                 was_bytes = type(memoryview(bodies[i]).obj) is bytes
-                name = shm.export(self.job_tag, bodies[i])
+                name = self._send_pool.lend(bodies[i], address)
+                if name is not None:
+                    lent.append([i, sizes[i]])
+                else:
+                    name = shm.export(self.job_tag, bodies[i])
                 if name is not None:
                     bodies[i] = name
                     moved.append(i)
@@ -242,6 +264,9 @@ class Runtime:
             header["shm"] = moved
         if as_bytes:
             header["shmb"] = as_bytes
+        if lent:
+            header["shml"] = lent
+            header["shmo"] = self.address
         return bodies
 
     def _receive(self, header: dict, bodies: list) -> None:
@@ -249,13 +274,42 @@ class Runtime:
         moved = header.get("shm")
         if moved:
             as_bytes = header.get("shmb") or ()
+            lent = dict(header.get("shml") or ())
+            lender = header.get("shmo")
             try:
                 for i in moved:
-                    bodies[i] = shm.import_(bytes(bodies[i]), as_bytes=i in as_bytes)
+                    name = bytes(bodies[i])
+                    if i in lent:
+                        give_back = functools.partial(self._give_back, lender, name.decode())
+                        bodies[i] = shm.borrow(name, lent[i], i in as_bytes, give_back)
+                    else:
+                        bodies[i] = shm.import_(name, as_bytes=i in as_bytes)
             except (OSError, ValueError, TypeError, IndexError) as e:
                 logger.error("dropping a frame whose shared-memory buffer is unusable: %s", e)
                 return
         self.dispatch(header, bodies)
+
+    def _give_back(self, lender: str, name: str) -> None:
+        """Queue the return of a lent file. It may run in any thread, even inside ``send``
+        (the last reference to a mapping can go anywhere), so it only queues; the queue goes
+        out before the next frame this process sends, which keeps "given back" ahead of the
+        reply that follows it, and from the loop soon after in any case."""
+        with self._given_back_lock:
+            self._given_back.setdefault(lender, []).append(name)
+        if not self.closed:
+            try:
+                self.loop_thread.call_soon(self._flush_given_back)
+            except RuntimeError:  # the loop is closed: this process is exiting
+                pass
+
+    def _flush_given_back(self) -> None:
+        with self._given_back_lock:
+            pending, self._given_back = self._given_back, {}
+        for lender, names in pending.items():
+            try:
+                self.send(lender, {"k": SHM_GIVE_BACK_KIND, "n": names}, [b""])
+            except Exception as e:  # the lender is gone, or we are: nothing to give back to
+                logger.debug("could not give shared-memory files back to %s: %s", lender, e)
 
     def _connect(self, address: str) -> OutgoingConnection:
         with self._conns_lock:
@@ -331,6 +385,7 @@ class Runtime:
             os.unlink(socket_path(self.address))
         except OSError:
             pass
+        self._send_pool.close()
         if self._owns_socket_dir:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
             shm.sweep(self.job_tag)

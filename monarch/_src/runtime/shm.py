@@ -3,11 +3,16 @@
 Sending 64 MiB through a Unix socket costs two kernel copies plus many small reads on each
 side. Instead the sender writes a large out-of-band buffer once into a file in ``/dev/shm``
 and sends its name; the receiver maps it copy-on-write (so the array it unpickles is
-writable and private) and unlinks the name at once. One copy in total, none on the
-receiving side.
+writable and private). One copy in total, none on the receiving side.
 
-Names carry the job's tag, so the client can sweep whatever a crashed receiver never
-picked up (``sweep``). Where ``/dev/shm`` is missing or full, senders use the socket.
+Most of the cost of a fresh file is not the copy but the kernel allocating and zeroing its
+pages, so each sender keeps a ``SendPool`` of files it lends out and gets back: the receiver
+maps a lent file, and when the last object using that mapping is gone it tells the sender,
+which then reuses the file, its pages already in place. Files beyond the pool's budget are
+one-shot: the receiver unlinks them at once.
+
+Names carry the job's tag, so the client can sweep whatever a crashed process left behind
+(``sweep``). Where ``/dev/shm`` is missing or full, senders use the socket.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import glob
 import mmap
 import os
 import secrets
+import threading
+import weakref
 from typing import Callable
 
 SHM_DIR = "/dev/shm"
@@ -51,33 +58,190 @@ def export(job_tag: str, buffer: memoryview) -> bytes | None:
     return name.encode()
 
 
+def _path_of(name: bytes) -> str:
+    text = name.decode()
+    if "/" in text or not text.startswith("monarch-"):
+        raise ValueError(f"not a monarch shared-memory buffer name: {text!r}")
+    return os.path.join(SHM_DIR, text)
+
+
+def _read_exactly(fd: int, size: int, path: str) -> bytes:
+    data = os.pread(fd, size, 0)
+    while len(data) < size:  # very large files may need more than one read
+        chunk = os.pread(fd, size - len(data), len(data))
+        if not chunk:
+            raise OSError(f"shared-memory buffer {path} is truncated")
+        data += chunk
+    return data
+
+
 def import_(name: bytes, as_bytes: bool = False) -> memoryview | bytes:
     """Map a buffer a peer exported (copy-on-write) and remove its name.
 
     ``as_bytes`` reads it into a ``bytes`` object instead, for data that must become ``bytes``
     anyway (one kernel copy, no page faults on a mapping).
     """
-    text = name.decode()
-    if "/" in text or not text.startswith("monarch-"):
-        raise ValueError(f"not a monarch shared-memory buffer name: {text!r}")
-    path = os.path.join(SHM_DIR, text)
+    path = _path_of(name)
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         os.unlink(path)
         if as_bytes:
-            data = os.read(fd, size)
-            while len(data) < size:  # very large files may need more than one read
-                chunk = os.read(fd, size - len(data))
-                if not chunk:
-                    raise OSError(f"shared-memory buffer {text} is truncated")
-                data += chunk
-            return data
+            return _read_exactly(fd, size, path)
         if size == 0:
             return memoryview(b"")
         return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
     finally:
         os.close(fd)
+
+
+def borrow(name: bytes, size: int, as_bytes: bool, give_back: Callable[[], None]) -> memoryview | bytes:
+    """Use the first ``size`` bytes of a file a peer's ``SendPool`` lent us.
+
+    ``give_back`` runs once nothing here uses the file any more: at once for ``as_bytes``
+    (the data is copied out), else when the copy-on-write mapping is garbage collected; the
+    mapping object is what every view of the data keeps alive, however it was derived.
+    """
+    path = _path_of(name)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        give_back()
+        raise
+    try:
+        if as_bytes or size == 0:
+            give_back()
+            return _read_exactly(fd, size, path) if size else b""
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        if not as_bytes:
+            give_back()
+        raise
+    finally:
+        os.close(fd)
+    weakref.finalize(mapping, give_back).atexit = False
+    return memoryview(mapping)
+
+
+class _Slot:
+    __slots__ = ("name", "capacity", "mapping", "borrower")
+
+    def __init__(self, name: str, capacity: int, mapping: mmap.mmap) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.mapping = mapping
+        self.borrower: str | None = None
+
+
+class SendPool:
+    """Shared-memory files one process lends to receivers and reuses once they give them back.
+
+    Thread-safe: any thread may send. ``budget`` bounds the bytes of files kept; a buffer
+    that does not fit (every file lent, or larger than the budget) gets ``None`` and goes as
+    a one-shot file.
+    """
+
+    #: File sizes are rounded up to this, so similar payloads share files.
+    GRANULE = 1 << 20
+
+    def __init__(self, job_tag: str, budget: int) -> None:
+        self._job_tag = job_tag
+        self._budget = budget
+        self._lock = threading.Lock()
+        self._free: list[_Slot] = []
+        self._lent: dict[str, _Slot] = {}
+        self._bytes = 0
+        self._closed = False
+
+    def lend(self, buffer: memoryview, borrower: str) -> bytes | None:
+        """Copy ``buffer`` into a pooled file lent to ``borrower``; its name, or None."""
+        view = memoryview(buffer).cast("B")
+        n = view.nbytes
+        slot = self._take(n, borrower)
+        if slot is None:
+            return None
+        try:
+            slot.mapping[:n] = view
+        except BaseException:
+            self.give_back([slot.name])
+            raise
+        return slot.name.encode()
+
+    def _take(self, n: int, borrower: str) -> _Slot | None:
+        with self._lock:
+            if self._closed:
+                return None
+            fits = [s for s in self._free if s.capacity >= n]
+            if fits:
+                slot = min(fits, key=lambda s: s.capacity)
+                self._free.remove(slot)
+            else:
+                capacity = -(-n // self.GRANULE) * self.GRANULE
+                if capacity > self._budget:
+                    return None
+                while self._bytes + capacity > self._budget and self._free:
+                    self._discard(self._free.pop(0))
+                if self._bytes + capacity > self._budget:
+                    return None
+                slot = self._new_slot(capacity)
+                if slot is None:
+                    return None
+            slot.borrower = borrower
+            self._lent[slot.name] = slot
+            return slot
+
+    def _new_slot(self, capacity: int) -> _Slot | None:
+        global _available
+        name = f"monarch-{self._job_tag}-{secrets.token_hex(8)}"
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        except OSError:
+            _available = False
+            return None
+        try:
+            os.ftruncate(fd, capacity)
+            mapping = mmap.mmap(fd, capacity)
+        except OSError:
+            os.unlink(path)
+            return None
+        finally:
+            os.close(fd)
+        self._bytes += capacity
+        return _Slot(name, capacity, mapping)
+
+    def _discard(self, slot: _Slot) -> None:
+        self._bytes -= slot.capacity
+        try:
+            os.unlink(os.path.join(SHM_DIR, slot.name))
+        except OSError:
+            pass
+        slot.mapping.close()
+
+    def give_back(self, names: list[str]) -> None:
+        """The borrowers of ``names`` no longer use them."""
+        with self._lock:
+            for name in names:
+                slot = self._lent.pop(name, None)
+                if slot is None:
+                    continue
+                slot.borrower = None
+                self._free.append(slot)
+
+    def reclaim(self, borrower: str) -> None:
+        """``borrower`` is gone: whatever it held is free again."""
+        with self._lock:
+            names = [name for name, slot in self._lent.items() if slot.borrower == borrower]
+        self.give_back(names)
+
+    def close(self) -> None:
+        """Remove every file (mappings that receivers hold stay valid until they unmap)."""
+        with self._lock:
+            self._closed = True
+            for slot in self._free + list(self._lent.values()):
+                self._discard(slot)
+            self._free.clear()
+            self._lent.clear()
 
 
 def sweep_orphans(job_exists: Callable[[str], bool]) -> None:

@@ -110,14 +110,10 @@ class OutgoingConnection:
                 except OSError as e:
                     self._loop.call_soon(self._fail, e)
                     return
-                while sent:
-                    head = q[0]
-                    if head.nbytes <= sent:
-                        sent -= head.nbytes
-                        q.popleft()
-                    else:
-                        q[0] = head[sent:]
-                        sent = 0
+                while q and q[0].nbytes <= sent:  # empty buffers (b"" bodies) go here too
+                    sent -= q.popleft().nbytes
+                if sent:
+                    q[0] = q[0][sent:]
             fd = self._sock.fileno()  # type: ignore[union-attr]
             if not q:
                 self._wake_drain_waiters()
