@@ -32,6 +32,7 @@ from monarch._src.wire.frame import FrameTooLargeError, encode_frame
 
 logger = logging.getLogger("monarch.runtime")
 
+#: A frame handler; it owns the list of bodies it is given (and may empty it).
 Handler = Callable[[dict, list], None]
 PeerLostCallback = Callable[[str, BaseException], None]
 
@@ -213,9 +214,9 @@ class Runtime:
         if self._given_back:
             self._flush_given_back()
         if address == self.address:
-            if len(bodies) > 1:  # out-of-band buffers alias the sender's memory: copy them
-                bodies = [bodies[0], *(bytearray(b) for b in bodies[1:])]
-            self.dispatch(header, bodies)
+            # Handlers own the list they get (they may empty it), and out-of-band buffers alias
+            # the sender's memory: copy both.
+            self.dispatch(header, [*bodies[:1], *(bytearray(b) for b in bodies[1:])])
             return
         if self.closed:
             raise RuntimeError(
