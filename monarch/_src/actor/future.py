@@ -15,6 +15,8 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, TypeVar
 
+from monarch._src.transport.cork import flush_corked
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -174,6 +176,7 @@ class Future(Generic[R]):
             else:
                 waiter = None
         if waiter is not None:
+            flush_corked()  # what this thread sent in a burst may be what it is waiting for
             ok = waiter.acquire(True, -1 if timeout is None else timeout)
             if not ok:
                 with self._lock:

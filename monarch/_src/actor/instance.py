@@ -34,6 +34,7 @@ from monarch._src.actor.port import DROPPING_PORT, Port
 from monarch._src.actor.proc import runtime
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.point import Point
+from monarch._src.transport.cork import flush_corked
 from monarch._src.wire import payload
 
 if TYPE_CHECKING:
@@ -200,7 +201,11 @@ class ActorInstance:
         q = self._queue
         assert q is not None
         while True:
-            kind, header, bodies = q.get()
+            try:
+                kind, header, bodies = q.get_nowait()
+            except queue.Empty:
+                flush_corked()  # replies corked in a burst go out before this thread sleeps
+                kind, header, bodies = q.get()
             if kind == _MESSAGE:
                 self._handle_sync(header, bodies)
             elif kind == _INIT:
