@@ -16,9 +16,7 @@ import asyncio
 import functools
 import logging
 import os
-import shutil
 import socket
-import tempfile
 import threading
 from typing import Any, Callable, ClassVar
 
@@ -51,6 +49,8 @@ def socket_path(address: str) -> str:
 
 def new_socket_dir() -> str:
     """A private (0700) directory for this job's Unix sockets."""
+    import tempfile  # the client's alone: workers start faster without it
+
     base = os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
     os.makedirs(base, mode=0o700, exist_ok=True)
     sweep_stale_jobs(base)
@@ -70,6 +70,8 @@ def _alive(pid: int) -> bool:
 def sweep_stale_jobs(base: str) -> None:
     """Remove what jobs whose processes are all gone left behind (a client killed with -9
     cannot clean up): their socket directories and shared-memory buffers."""
+    import shutil  # the client's alone, like new_socket_dir
+
     try:
         jobs = os.listdir(base)
     except OSError:
@@ -388,6 +390,8 @@ class Runtime:
             pass
         self._send_pool.close()
         if self._owns_socket_dir:
+            import shutil
+
             shutil.rmtree(self.socket_dir, ignore_errors=True)
             shm.sweep(self.job_tag)
         # Runtime._instance keeps pointing here: late senders get a clear error, and never a

@@ -17,10 +17,8 @@ Names carry the job's tag, so the client can sweep whatever a crashed process le
 
 from __future__ import annotations
 
-import glob
 import mmap
 import os
-import secrets
 import threading
 import weakref
 from typing import Callable
@@ -35,10 +33,21 @@ def available() -> bool:
     return _available
 
 
+def _new_name(job_tag: str) -> str:
+    return f"monarch-{job_tag}-{os.urandom(8).hex()}"
+
+
+def _names_in_shm(prefix: str) -> list[str]:
+    try:
+        return [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
+    except OSError:
+        return []
+
+
 def export(job_tag: str, buffer: memoryview) -> bytes | None:
     """Copy ``buffer`` into a new shared-memory file; its name, or None to use the socket."""
     global _available
-    name = f"monarch-{job_tag}-{secrets.token_hex(8)}"
+    name = _new_name(job_tag)
     path = os.path.join(SHM_DIR, name)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -192,7 +201,7 @@ class SendPool:
 
     def _new_slot(self, capacity: int) -> _Slot | None:
         global _available
-        name = f"monarch-{self._job_tag}-{secrets.token_hex(8)}"
+        name = _new_name(self._job_tag)
         path = os.path.join(SHM_DIR, name)
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -253,8 +262,11 @@ def sweep_orphans(job_exists: Callable[[str], bool]) -> None:
     import time
 
     cutoff = time.time() - 60
-    for path in glob.glob(os.path.join(SHM_DIR, "monarch-*-*")):
-        tag = os.path.basename(path)[len("monarch-") :].rsplit("-", 1)[0]
+    for name in _names_in_shm("monarch-"):
+        if name.count("-") < 2:
+            continue
+        tag = name[len("monarch-") :].rsplit("-", 1)[0]
+        path = os.path.join(SHM_DIR, name)
         try:
             if not job_exists(tag) and os.stat(path).st_mtime < cutoff:
                 os.unlink(path)
@@ -264,8 +276,8 @@ def sweep_orphans(job_exists: Callable[[str], bool]) -> None:
 
 def sweep(job_tag: str) -> None:
     """Remove buffers of this job that no receiver picked up (client shutdown)."""
-    for path in glob.glob(os.path.join(SHM_DIR, f"monarch-{job_tag}-*")):
+    for name in _names_in_shm(f"monarch-{job_tag}-"):
         try:
-            os.unlink(path)
+            os.unlink(os.path.join(SHM_DIR, name))
         except OSError:
             pass
