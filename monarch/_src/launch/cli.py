@@ -30,7 +30,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from typing import Any, NoReturn
 
 from .config import (
@@ -513,6 +512,8 @@ def _rdzv_int(configs: Mapping[str, str | int], key: str, default: int) -> int:
 
 
 def _entry_point_names(group: str) -> set[str]:
+    from importlib import metadata  # slow to import, and needed only for unusual flag values
+
     try:
         return {ep.name for ep in metadata.entry_points(group=group)}
     except Exception:  # a broken distribution must not break the launcher
