@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
-import time
 
 import cloudpickle
+from helpers import wait_until
 
 from monarch.actor import Actor, endpoint
 
@@ -37,9 +37,7 @@ def test_a_burst_arrives_in_order_without_any_blocking_wait(procs1, tmp_path):
     for i in range(N):  # back to back: corked after the first
         tally.note.broadcast(i)
     # No get(): nothing in this thread flushes, so the runtime's loop must write the burst.
-    deadline = time.monotonic() + 20
-    while len(_lines(out)) < N and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(_lines(out)) >= N, 20, f"{N} notes in {out}")
     assert _lines(out) == [str(i) for i in range(N)]
 
 

@@ -18,13 +18,14 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import cloudpickle
 import psutil
 import pytest
 
 import monarch.actor
+from helpers import wait_until
 from monarch.actor import Actor, MeshFailure, SupervisionError, context, endpoint, this_host
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -94,14 +95,6 @@ def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[HookCounter]:
     counter = HookCounter()
     monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", counter)
     yield counter
-
-
-def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def random_target(rng: random.Random, mesh: Any) -> tuple[Any, set[int]]:

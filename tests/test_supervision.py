@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 import monarch.actor
+from helpers import wait_until
 from monarch.actor import (
     Actor,
     ActorError,
@@ -49,18 +50,6 @@ DESCENDANTS = "and all its descendants have failed"
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def wait_until(pred: Callable[[], Any], timeout: float = DEADLINE_S, what: str = "condition") -> Any:
-    """Poll ``pred`` until it returns something truthy; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def stays(pred: Callable[[], bool], window: float = 0.5, what: str = "condition") -> None:

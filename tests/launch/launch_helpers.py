@@ -18,10 +18,10 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import psutil
 import pytest
+from helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = shutil.which("torchrun", path=os.path.dirname(sys.executable))
@@ -112,17 +112,6 @@ def start_launcher(*args: str, env: dict[str, str] | None = None, cwd: str | Pat
         cwd=cwd,
         start_new_session=True,
     )
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def free_port() -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.point import Point

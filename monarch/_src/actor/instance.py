@@ -13,7 +13,6 @@ import collections
 import logging
 import os
 import queue
-import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 

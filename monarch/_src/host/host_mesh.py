@@ -5,7 +5,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import threading
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from monarch._src.actor import proc_mesh as proc_mesh_module
 from monarch._src.actor.future import Future
@@ -15,6 +15,9 @@ from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.mesh_trait import MeshTrait
 from monarch._src.mesh.point import Point
 from monarch._src.mesh.shape import Shape
+
+if TYPE_CHECKING:  # the spawner is imported when the first processes are spawned
+    from monarch._src.host.spawner import ProcGroup
 
 EnvSpec = Mapping[str, str] | Callable[[Point], Mapping[str, str]] | None
 

@@ -26,6 +26,18 @@ def format_label(label: str) -> str:
     return f'"{escaped}"'
 
 
+def label_index(labels: tuple[str, ...]) -> dict[str, int]:
+    """Dimension name -> position; names must be distinct strings (Extent and Shape share it)."""
+    index: dict[str, int] = {}
+    for i, label in enumerate(labels):
+        if not isinstance(label, str):
+            raise TypeError(f"labels must be str, got {type(label).__name__}")
+        if label in index:
+            raise ValueError(f"Duplicate dimension name '{label}'")
+        index[label] = i
+    return index
+
+
 class Extent(collections.abc.Mapping[str, int]):
     """Immutable ordered mapping ``label -> size``.
 
@@ -49,13 +61,7 @@ class Extent(collections.abc.Mapping[str, int]):
                 f"labels and sizes must have the same length, got {len(labels_t)} labels "
                 f"and {len(sizes_t)} sizes"
             )
-        index: dict[str, int] = {}
-        for i, label in enumerate(labels_t):
-            if not isinstance(label, str):
-                raise TypeError(f"labels must be str, got {type(label).__name__}")
-            if label in index:
-                raise ValueError(f"Duplicate dimension name '{label}'")
-            index[label] = i
+        index = label_index(labels_t)
         for s in sizes_t:
             if s < 0:
                 raise OverflowError(f"size must be non-negative, got {s}")

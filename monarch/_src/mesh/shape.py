@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 from typing import Sequence
 
-from monarch._src.mesh.extent import Extent
+from monarch._src.mesh.extent import Extent, label_index
 from monarch._src.mesh.ndslice import Slice
 
 __all__ = ["Shape"]
@@ -37,13 +37,7 @@ class Shape:
             raise ValueError(
                 f"number of labels ({len(labels_t)}) does not match slice dimensions ({slice.ndim})"
             )
-        index: dict[str, int] = {}
-        for i, label in enumerate(labels_t):
-            if not isinstance(label, str):
-                raise TypeError(f"labels must be str, got {type(label).__name__}")
-            if label in index:
-                raise ValueError(f"Duplicate dimension name '{label}'")
-            index[label] = i
+        index = label_index(labels_t)
         self._labels = labels_t
         self._slice = slice
         self._index = index

@@ -18,7 +18,7 @@ import logging
 import os
 import socket
 import threading
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
 from monarch._src.runtime import shm
 from monarch._src.runtime.config import CONFIG

@@ -21,7 +21,9 @@ import mmap
 import os
 import threading
 import weakref
-from typing import Callable
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 SHM_DIR = "/dev/shm"
 #: Buffers at least this large go through shared memory.
@@ -44,27 +46,36 @@ def _names_in_shm(prefix: str) -> list[str]:
         return []
 
 
-def export(job_tag: str, buffer: memoryview) -> bytes | None:
-    """Copy ``buffer`` into a new shared-memory file; its name, or None to use the socket."""
+def _create(job_tag: str, fill: Callable[[int], T]) -> tuple[str, T] | None:
+    """A new file of this job in ``/dev/shm``, filled by ``fill(fd)``; (name, what ``fill``
+    returned), or None where ``/dev/shm`` is unusable or full (senders then use the socket)."""
     global _available
     name = _new_name(job_tag)
     path = os.path.join(SHM_DIR, name)
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     except OSError:
         _available = False
         return None
     try:
-        view = memoryview(buffer).cast("B")
-        while view.nbytes:
-            n = os.write(fd, view)
-            view = view[n:]
-    except OSError:  # e.g. /dev/shm is full: fall back to the socket
-        os.close(fd)
+        return name, fill(fd)
+    except OSError:
         os.unlink(path)
         return None
-    os.close(fd)
-    return name.encode()
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, buffer: memoryview) -> None:
+    view = memoryview(buffer).cast("B")
+    while view.nbytes:
+        view = view[os.write(fd, view) :]
+
+
+def export(job_tag: str, buffer: memoryview) -> bytes | None:
+    """Copy ``buffer`` into a new shared-memory file; its name, or None to use the socket."""
+    created = _create(job_tag, lambda fd: _write_all(fd, buffer))
+    return created[0].encode() if created is not None else None
 
 
 def _path_of(name: bytes) -> str:
@@ -200,24 +211,15 @@ class SendPool:
             return slot
 
     def _new_slot(self, capacity: int) -> _Slot | None:
-        global _available
-        name = _new_name(self._job_tag)
-        path = os.path.join(SHM_DIR, name)
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        except OSError:
-            _available = False
-            return None
-        try:
+        def mapped(fd: int) -> mmap.mmap:
             os.ftruncate(fd, capacity)
-            mapping = mmap.mmap(fd, capacity)
-        except OSError:
-            os.unlink(path)
+            return mmap.mmap(fd, capacity)
+
+        created = _create(self._job_tag, mapped)
+        if created is None:
             return None
-        finally:
-            os.close(fd)
         self._bytes += capacity
-        return _Slot(name, capacity, mapping)
+        return _Slot(created[0], capacity, created[1])
 
     def _discard(self, slot: _Slot) -> None:
         self._bytes -= slot.capacity
