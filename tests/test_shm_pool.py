@@ -126,3 +126,16 @@ def test_send_pool_reuses_evicts_and_cleans_up():
     finally:
         pool.close()
     assert glob.glob("/dev/shm/monarch-job-pooltest-*") == []
+
+
+def test_a_result_outlives_the_process_that_lent_it():
+    from monarch.actor import this_host
+
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    keeper = pm.spawn("keeper", Keeper)
+    result = keeper.make.call_one(5.0).get(timeout=30)
+    pm.stop().get(timeout=30)  # the lender is gone, and its files are unlinked
+    assert float(result.sum()) == 5.0 * ELEMS  # the mapping stays valid
+    result[:] = 1.0  # and private to this process
+    assert float(result.sum()) == ELEMS
+    del result  # giving it back to a process that is gone is a no-op
