@@ -23,11 +23,12 @@ PRELUDE = textwrap.dedent(
 
     class P(Actor):
         @endpoint
-        def pid(self):
-            return os.getpid()
+        def pids(self):
+            return [os.getpid(), os.getppid()]
 
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
-    pids = pm.spawn("p", P).pid.call().get(timeout=20).values()
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, preload=PRELOAD)
+    found = {p for ps in pm.spawn("p", P).pids.call().get(timeout=20).values() for p in ps}
+    pids = sorted(found - {os.getpid()})  # the workers, and with PRELOAD their template
     print("PIDS " + json.dumps(pids), flush=True)
     """
 )
@@ -67,7 +68,11 @@ def parse_pids(stdout: str) -> list[int]:
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
 def test_workers_exit_with_the_client(ending):
     proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + ENDINGS[ending]], capture_output=True, text=True, timeout=45, cwd=REPO
+        [sys.executable, "-c", "PRELOAD = ()\n" + PRELUDE + ENDINGS[ending]],
+        capture_output=True,
+        text=True,
+        timeout=45,
+        cwd=REPO,
     )
     pids = parse_pids(proc.stdout)
     assert len(pids) == 2 and os.getpid() not in pids
@@ -78,8 +83,9 @@ def test_workers_exit_with_the_client(ending):
     assert wait_gone(pids) == []
 
 
-def test_workers_exit_when_client_is_sigkilled():
-    code = PRELUDE + "threading.Event().wait(60)\n"
+@pytest.mark.parametrize("preload", [(), ("json",)], ids=["exec", "forked_from_template"])
+def test_workers_exit_when_client_is_sigkilled(preload):
+    code = f"PRELOAD = {preload!r}\n" + PRELUDE + "threading.Event().wait(60)\n"
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
     )
@@ -88,6 +94,7 @@ def test_workers_exit_when_client_is_sigkilled():
         line = proc.stdout.readline()  # blocks until the client printed its workers
         assert line.startswith("PIDS "), line + proc.stderr.read()
         pids = json.loads(line[5:])
+        assert len(pids) == 2 + bool(preload)  # two workers (and their template)
         assert alive(pids) == pids
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(10) == -signal.SIGKILL

@@ -53,6 +53,12 @@ def test_run_spmd_returns_each_ranks_value_as_a_value_mesh():
 
 
 @pytest.mark.timeout(60)
+def test_run_spmd_with_preloaded_modules():
+    result = run_spmd(identity, nproc_per_node=2, env={"EXTRA": "y"}, preload=["json"]).get(timeout=60)
+    assert list(result.values()) == [(0, "2", "0", "y"), (1, "2", "0", "y")]
+
+
+@pytest.mark.timeout(60)
 async def test_await_a_launch_and_run_a_script(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("import os, sys\nprint('script rank', os.environ['RANK'], sys.argv[1:])\n")

@@ -33,7 +33,7 @@ from monarch._src.launch.cli import (
 from monarch._src.launch.command import EntryKind, build_worker_command
 from monarch._src.launch.config import LaunchConfig, LaunchConfigError, Std, parse_std, std_to_map
 
-OUR_DESTS = {"kill_grace_period": 30.0, "hang_timeout": None, "summary": False}
+OUR_DESTS = {"kill_grace_period": 30.0, "hang_timeout": None, "summary": False, "preload": ""}
 
 # Variables that change what either parser or config builder sees.
 _ENV_KNOBS = (
@@ -557,6 +557,18 @@ def test_late_errors_match_real_torchrun(tmp_path: Path, torchrun: Any) -> None:
         assert ours.value.torchrun_error == kind.rsplit(".", 1)[-1], (argv, theirs)
         if message:  # torchrun's bare AssertionError has none; ours explains
             assert str(ours.value) == message, argv
+
+
+def test_preload_takes_module_names_for_python_workers() -> None:
+    config = parse_args(["--preload", "torch, numpy.linalg", "s.py"], environ={})
+    assert config.preload == ("torch", "numpy.linalg")
+    assert parse_args(["s.py"], environ={"PET_PRELOAD": "torch"}).preload == ("torch",)
+    assert parse_args(["s.py"], environ={}).preload == ()
+    with pytest.raises(LaunchConfigError, match="--preload takes module names, got 'to rch'") as err:
+        parse_args(["--preload", "to rch", "s.py"], environ={})
+    assert err.value.torchrun_error is None and err.value.hint
+    with pytest.raises(LaunchConfigError, match="--no-python"):
+        parse_args(["--preload", "torch", "--no-python", "echo"], environ={})
 
 
 def test_etcd_backends_are_refused() -> None:

@@ -68,13 +68,18 @@ def _dumps(directory: Path, n: int) -> list[dict]:
 # -- worker environment and entry points -------------------------------------------------------------
 
 
+#: Workers started by fork+exec each, and forked from a template that preloaded a module.
+STARTS = pytest.mark.parametrize("start", [[], ["--preload", "json"]], ids=["exec", "preload"])
+
+
 @pytest.mark.timeout(60)
-def test_workers_get_torchrun_env_and_run_script_as_main(scripts, tmp_path):
+@STARTS
+def test_workers_get_torchrun_env_and_run_script_as_main(scripts, tmp_path, start):
     script = scripts.write("envdump.py", ENV_DUMP)
     out = tmp_path / "out"
     out.mkdir()
     env = clean_env(SENTINEL_VAR="kept")
-    r = monarch_launch("--nproc-per-node", "3", script, str(out), env=env, cwd=tmp_path)
+    r = monarch_launch("--nproc-per-node", "3", *start, script, str(out), env=env, cwd=tmp_path)
     assert r.rc == 0, r
     dumps = _dumps(out, 3)
     for rank, d in enumerate(dumps):
@@ -154,11 +159,12 @@ def test_module_run_path_and_no_python(scripts, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_one_rank_failing_stops_the_others_with_torchrun_summary(scripts, tmp_path):
+@STARTS
+def test_one_rank_failing_stops_the_others_with_torchrun_summary(scripts, tmp_path, start):
     script = scripts.write("fail.py", FAIL_RANK1)
     sync = tmp_path / "sync"
     sync.mkdir()
-    r = monarch_launch("--nproc-per-node", "3", "--summary", script, str(sync))
+    r = monarch_launch("--nproc-per-node", "3", "--summary", *start, script, str(sync))
     assert r.rc == 1, r
     assert "rank0 got SIGTERM" in r.out and "rank2 got SIGTERM" in r.out
     assert len(re.findall(r"Sending process \d+ closing signal SIGTERM", r.err)) == 2

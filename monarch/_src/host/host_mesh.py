@@ -5,7 +5,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from monarch._src.actor import proc_mesh as proc_mesh_module
 from monarch._src.actor.future import Future
@@ -59,12 +59,16 @@ class HostMesh(MeshTrait):
         bootstrap: Callable[[], Any] | None = None,
         name: str | None = None,
         env: EnvSpec = None,
+        preload: Sequence[str] = (),
     ) -> ProcMesh:
         """Start one OS process per point of ``per_host`` on every host; returns at once.
 
         ``bootstrap`` runs first on every new process (e.g. to set variables before CUDA
         initializes); ``env`` adds environment variables, either one mapping for all processes
         or a function of each process's Point (how the launcher gives every rank its own).
+        ``preload`` (monarch-aio) names modules to import once, in a template process that
+        every process is then forked from (see ``host/forkserver.py``): four processes that
+        import torch pay for one import.
         """
         if self._shut_down:
             raise RuntimeError("HostMesh has already been shut down")
@@ -86,7 +90,7 @@ class HostMesh(MeshTrait):
                 envs.append(dict(env or {}))
         from monarch._src.host.spawner import ProcGroup  # subprocess is slow to import
 
-        group = ProcGroup(name, envs, gated=bootstrap is not None)
+        group = ProcGroup(name, envs, gated=bootstrap is not None, preload=list(preload))
         mesh = ProcMesh(tuple(group.addresses), Shape.from_extent(extent), owner=_ProcMeshOwner(group))
         if bootstrap is not None:
             mesh._initialized = run_bootstrap(mesh, bootstrap)

@@ -56,11 +56,44 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
+class _Launch:
+    """What one worker is started with; the parent's ends of its pipes stay here."""
+
+    def __init__(self, rank: int, path: str) -> None:
+        self.rank = rank
+        self.path = path
+        self.env: dict[str, str] = {}
+        self.listen_fd = self.death_r = self.death_w = -1
+        self.out_r = self.out_w = self.err_r = self.err_w = -1
+        self.proc: Any = None
+
+    def close_parent_side(self, keep_readers: bool) -> None:
+        """Close the worker's ends here (it has its copies); with ``keep_readers`` False, the
+        parent's too (the start failed)."""
+        mine = [self.listen_fd, self.death_r, self.out_w, self.err_w]
+        if not keep_readers:
+            mine += [self.death_w, self.out_r, self.err_r]
+        for fd in mine:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.listen_fd = self.death_r = self.out_w = self.err_w = -1
+        if not keep_readers:
+            self.death_w = self.out_r = self.err_r = -1
+
+
 class ProcGroup:
     """The OS processes behind one ``spawn_procs`` call, owned by the spawning process."""
 
     def __init__(
-        self, name: str, envs: Sequence[Mapping[str, str]], gated: bool = False, capture_output: bool = True
+        self,
+        name: str,
+        envs: Sequence[Mapping[str, str]],
+        gated: bool = False,
+        capture_output: bool = True,
+        preload: Sequence[str] = (),
     ) -> None:
         rt = runtime()
         self.name = name
@@ -68,17 +101,30 @@ class ProcGroup:
         self.capture_output = capture_output
         self.captures: list[log_capture.OutputCapture | None] = []
         self.addresses: list[str] = []
-        self.procs: list[subprocess.Popen[bytes]] = []
+        #: ``subprocess.Popen``s, or ``forkserver.ForkedProc``s with ``preload``.
+        self.procs: list[Any] = []
         self.returncodes: list[int | None] = []
         self._death_pipes: list[int] = []
         self._stop_requested = False
         self._exit_futures: list[Future[int]] = []
         self.on_exit: list[Callable[[int, str, int], None]] = []
         root = os.environ.get("MONARCH_ROOT_ADDRESS") or rt.address
+        #: The template process that forked the workers (``preload``), if any.
+        self.template: subprocess.Popen[bytes] | None = None
+        launches: list[_Launch] = []
         try:
             for rank, extra_env in enumerate(envs):
-                self._start_one(rt, rank, extra_env, root, gated)
+                launches.append(self._prepare(rt, rank, extra_env, root, gated))
+            if preload:
+                self._fork_from_template(launches, preload)
+            else:
+                for launch in launches:
+                    self._exec(launch)
+            for launch in launches:
+                self._started(rt, launch)
         except BaseException:
+            for launch in launches:
+                launch.close_parent_side(keep_readers=False)
             self.kill()
             raise
         with _groups_lock:
@@ -86,12 +132,13 @@ class ProcGroup:
         if capture_output:
             log_capture.maybe_register_ipython_hook()
 
-    def _start_one(self, rt: Any, rank: int, extra_env: Mapping[str, str], root: str, gated: bool) -> None:
-        path = rt.new_socket_path()
-        sock = bind_unix_socket(path)
-        death_r, death_w = os.pipe()
-        out_r = out_w = err_r = err_w = -1
+    def _prepare(self, rt: Any, rank: int, extra_env: Mapping[str, str], root: str, gated: bool) -> "_Launch":
+        """Bind the worker's socket, make its pipes and environment; start nothing yet."""
+        launch = _Launch(rank, rt.new_socket_path())
         try:
+            sock = bind_unix_socket(launch.path)
+            launch.listen_fd = sock.detach()
+            launch.death_r, launch.death_w = os.pipe()
             env = dict(os.environ)
             env.update(extra_env)
             env["MONARCH_ROOT_ADDRESS"] = root
@@ -102,13 +149,13 @@ class ProcGroup:
             env[actor_config.PREFIX_ENV] = "1" if actor_config.prefix_python_logs_with_actor else "0"
             if self.capture_output:
                 env[CAPTURE_ENV] = "1"
-                out_r, out_w = log_capture.make_pipe()
-                err_r, err_w = log_capture.make_pipe()
+                launch.out_r, launch.out_w = log_capture.make_pipe()
+                launch.err_r, launch.err_w = log_capture.make_pipe()
             env[SECRET_ENV] = rt.secret.hex()
             env[BOOTSTRAP_ENV] = json.dumps(
                 {
-                    "listen_fd": sock.fileno(),
-                    "death_fd": death_r,
+                    "listen_fd": launch.listen_fd,
+                    "death_fd": launch.death_r,
                     "socket_dir": rt.socket_dir,
                     "init_modules": INIT_MODULES,
                     "gated": gated,
@@ -116,44 +163,75 @@ class ProcGroup:
                     "rank": rank,
                 }
             )
-            proc = subprocess.Popen(
+            launch.env = env
+        except BaseException:
+            launch.close_parent_side(keep_readers=False)
+            raise
+        return launch
+
+    def _exec(self, launch: "_Launch") -> None:
+        try:
+            launch.proc = subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE],
-                pass_fds=(sock.fileno(), death_r),
-                env=env,
-                stdout=out_w if out_w >= 0 else None,
-                stderr=err_w if err_w >= 0 else None,
+                pass_fds=(launch.listen_fd, launch.death_r),
+                env=launch.env,
+                stdout=launch.out_w if launch.out_w >= 0 else None,
+                stderr=launch.err_w if launch.err_w >= 0 else None,
                 # Its own process group: a terminal's Ctrl-C reaches the client only (which
                 # decides), and a launcher can signal a worker together with its children.
                 start_new_session=True,
             )
-        except BaseException:
-            for fd in (out_r, err_r):
-                if fd >= 0:
-                    os.close(fd)
-            raise
         finally:
-            sock.close()
-            os.close(death_r)
-            for fd in (out_w, err_w):
-                if fd >= 0:
-                    os.close(fd)
-        if out_r >= 0:
-            capture = log_capture.OutputCapture(f"{self.name} rank {rank}", out_r, err_r)
+            launch.close_parent_side(keep_readers=True)
+
+    def _fork_from_template(self, launches: list["_Launch"], preload: Sequence[str]) -> None:
+        from monarch._src.host import forkserver
+
+        envs = [launch.env for launch in launches]
+        shared = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
+        ranks = [
+            {
+                "env": launch.env,
+                "keep": [launch.listen_fd, launch.death_r],
+                "stdout": launch.out_w if launch.out_w >= 0 else None,
+                "stderr": launch.err_w if launch.err_w >= 0 else None,
+            }
+            for launch in launches
+        ]
+        fds = [fd for r in ranks for fd in (*r["keep"], r["stdout"], r["stderr"]) if fd is not None]
+        try:
+            self.template, procs = forkserver.start(ranks, preload, shared, fds)
+        finally:
+            for launch in launches:
+                launch.close_parent_side(keep_readers=True)
+        for launch, proc in zip(launches, procs):
+            launch.proc = proc
+
+    def _started(self, rt: Any, launch: "_Launch") -> None:
+        rank = launch.rank
+        if launch.out_r >= 0:
+            capture = log_capture.OutputCapture(f"{self.name} rank {rank}", launch.out_r, launch.err_r)
             rt.loop_thread.call_soon(capture.start)
             self.captures.append(capture)
         else:
             self.captures.append(None)
-        self.procs.append(proc)
-        self.addresses.append(ADDRESS_PREFIX + path)
-        supervision.locally_spawned.add(ADDRESS_PREFIX + path)
+        self.procs.append(launch.proc)
+        address = ADDRESS_PREFIX + launch.path
+        self.addresses.append(address)
+        supervision.locally_spawned.add(address)
         self.returncodes.append(None)
-        self._death_pipes.append(death_w)
+        self._death_pipes.append(launch.death_w)
         fut: Future[int] = Future._new()
         self._exit_futures.append(fut)
-        self._watch(rank, proc)
+        self._watch(rank, launch.proc)
 
-    def _watch(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+    def _watch(self, rank: int, proc: Any) -> None:
         rt = runtime()
+        if not isinstance(proc, subprocess.Popen):  # forked by the template, which reports exits
+            proc.on_exit = lambda: rt.loop.call_soon_threadsafe(self._exited, rank)
+            if proc.returncode is not None:
+                proc.on_exit()
+            return
         try:
             pidfd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):
@@ -238,6 +316,8 @@ class ProcGroup:
 
     def kill(self) -> None:
         self._stop_requested = True
+        if self.template is not None and self.template.poll() is None:
+            self.template.kill()  # first: a template still preloading must fork nothing more
         for proc in self.procs:
             if proc.poll() is None:
                 try:

@@ -65,6 +65,8 @@ TICK_S = 1.0
 
 def signal_process_group(pid: int, sig: int) -> None:
     """Send ``sig`` to the worker's process group if it leads one, else to the worker."""
+    if pid <= 0:  # never started (its template died first): never the launcher's own group
+        return
     try:
         if os.getpgid(pid) == pid:
             os.killpg(pid, sig)
@@ -381,7 +383,10 @@ class Agent:
 
         a.start = a.last_exit = time.monotonic()
         a.procs = this_host().spawn_procs(
-            per_host={LABEL: nproc}, env=lambda point: envs[point.rank], name=f"launch{index}"
+            per_host={LABEL: nproc},
+            env=lambda point: envs[point.rank],
+            name=f"launch{index}",
+            preload=config.preload,
         )
         a.group = a.procs._owner.group
         a.pids = [p.pid for p in a.group.procs]

@@ -162,8 +162,8 @@ def build_parser(
     """Build the argument parser, reading ``PET_*`` defaults from ``environ``.
 
     The namespace it produces has the same ``dest`` names, values and types as
-    torchrun's (``torch.distributed.run.get_args_parser()``), plus three dests
-    of our own: ``kill_grace_period``, ``hang_timeout`` and ``summary``.
+    torchrun's (``torch.distributed.run.get_args_parser()``), plus four dests
+    of our own: ``kill_grace_period``, ``hang_timeout``, ``summary`` and ``preload``.
 
     :param environ: where ``PET_*`` come from; ``None`` means ``os.environ``.
         Passing it explicitly keeps tests and embedders free of global state.
@@ -286,6 +286,10 @@ def build_parser(
     flag("--summary",
          help="[monarch] Print a per-rank summary (exit code, wall time, peak RSS) at the end. "
          "(PET_SUMMARY)")
+    value("--preload", type=str, default="", metavar="MODULE[,MODULE...]",
+          help="[monarch] Import these modules once, in a template process the workers are "
+          "forked from, instead of once per worker (e.g. torch). Their import sees only the "
+          "environment all workers share. (PET_PRELOAD)")
 
     parser.add_argument("training_script", type=str,
                         help="The script (or module with -m, or executable with --no-python), "
@@ -766,6 +770,22 @@ def config_from_namespace(
         if hang_timeout == 0:
             hang_timeout = None
 
+    preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
+    bad = [m for m in preload if not all(part.isidentifier() for part in m.split("."))]
+    if bad:
+        raise LaunchConfigError(
+            f"--preload takes module names, got {', '.join(repr(m) for m in bad)}",
+            torchrun_error=None,
+            hint="for example --preload torch,numpy",
+        )
+    if preload and args.no_python:
+        raise LaunchConfigError(
+            "--preload imports Python modules for Python workers; with --no-python the workers "
+            "are not Python",
+            torchrun_error=None,
+            hint="drop --preload, or --no-python",
+        )
+
     return LaunchConfig(
         min_nodes=min_nodes,
         max_nodes=max_nodes,
@@ -808,6 +828,7 @@ def config_from_namespace(
         kill_grace_period=kill_grace,
         hang_timeout=hang_timeout,
         summary=bool(args.summary),
+        preload=preload,
         notices=tuple(notices),
     )
 

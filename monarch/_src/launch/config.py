@@ -257,6 +257,8 @@ class LaunchConfig:
     or exited for this many seconds; ``None`` = off (torchrun has no such thing)."""
     summary: bool = False
     """Ours: print a per-rank summary (exit code, wall time, peak RSS) at the end."""
+    preload: tuple[str, ...] = ()
+    """Ours: modules imported once in a template process the workers are forked from."""
 
     # -- diagnostics -------------------------------------------------------------------
     notices: tuple[str, ...] = field(default=())
