@@ -8,7 +8,9 @@ Two workloads, each with 2 and 4 ranks, run to completion:
 
 Runs are interleaved (torchrun, monarch, torchrun, monarch ...) after one warm-up of each,
 so both see the same machine load; the table shows medians, the ratio monarch/torchrun,
-and whether the target (at most half of torchrun's wall time) is met.
+and whether the target (at most half of torchrun's wall time) is met. For ``gloo`` a third
+launcher runs in the same rotation: ``monarch.launch --preload torch`` (workers forked from
+one template that imported torch once).
 
     .venv/bin/python benchmarks/bench_launch.py                      # 5 rounds
     .venv/bin/python benchmarks/bench_launch.py --rounds 3 --results benchmarks/RESULTS.md
@@ -43,6 +45,8 @@ GLOO = (
     "print('rank', os.environ['RANK'], 'initialized', flush=True)\n"
 )
 WORKLOADS = {"print": PRINT_RANK, "gloo": GLOO}
+IMPORTS_TORCH = {"gloo"}
+PRELOAD = "monarch.launch --preload torch"
 
 
 def _env() -> dict[str, str]:
@@ -74,7 +78,9 @@ def main() -> None:
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     if torchrun is None:
         sys.exit("torchrun not found (install torch into this venv)")
-    launchers = {"torchrun": [torchrun], "monarch.launch": [sys.executable, "-m", "monarch.launch"]}
+    monarch = [sys.executable, "-m", "monarch.launch"]
+    launchers = {"torchrun": [torchrun], "monarch.launch": monarch}
+    preloading = {**launchers, PRELOAD: [*monarch, "--preload", "torch"]}
     nprocs = [int(n) for n in args.nprocs.split(",")]
     workloads = args.workloads.split(",")
 
@@ -85,20 +91,17 @@ def main() -> None:
             script = tmp / f"{name}.py"
             script.write_text(WORKLOADS[name])
             for n in nprocs:
-                times: dict[str, list[float]] = {k: [] for k in launchers}
+                these = preloading if name in IMPORTS_TORCH else launchers
+                times: dict[str, list[float]] = {k: [] for k in these}
                 for round_ in range(args.rounds + 1):
-                    for who, cmd in launchers.items():
+                    for who, cmd in these.items():
                         t = _once([*cmd, f"--nproc-per-node={n}", str(script)], n, args.timeout)
                         if round_ > 0:
                             times[who].append(t)
                 med = {k: statistics.median(v) for k, v in times.items()}
                 ratio = med["monarch.launch"] / med["torchrun"]
                 rows.append((name, n, med["torchrun"], med["monarch.launch"], ratio, times))
-                print(
-                    f"{name:5s} nproc={n}: torchrun {med['torchrun']:.2f} s, monarch.launch "
-                    f"{med['monarch.launch']:.2f} s, ratio {ratio:.2f}",
-                    flush=True,
-                )
+                print(f"{name:5s} nproc={n}: " + ", ".join(f"{k} {v:.2f} s" for k, v in med.items()), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -114,13 +117,16 @@ def main() -> None:
         "each rank prints its rank. `gloo`: each rank imports torch, `init_process_group(\"gloo\")`, "
         "barrier, `destroy_process_group()`. Target: monarch.launch at most half of torchrun.",
         "",
-        "| workload | ranks | torchrun s | monarch.launch s | ratio | target (<= 0.5) | runs (torchrun / monarch) |",
-        "|---|---|---|---|---|---|---|",
+        f"| workload | ranks | torchrun s | monarch.launch s | ratio | target (<= 0.5) | `{PRELOAD}` s | ratio | runs (torchrun / monarch / preload) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, n, t_med, m_med, ratio, times in rows:
-        runs = " ".join(f"{x:.2f}" for x in times["torchrun"]) + " / " + " ".join(f"{x:.2f}" for x in times["monarch.launch"])
+        runs = " / ".join(" ".join(f"{x:.2f}" for x in xs) for xs in times.values())
+        pre = times.get(PRELOAD)
+        pre_cells = f"{statistics.median(pre):.2f} | {statistics.median(pre) / t_med:.2f}" if pre else "— | —"
         lines.append(
-            f"| {name} | {n} | {t_med:.2f} | {m_med:.2f} | {ratio:.2f} | {'met' if ratio <= 0.5 else 'missed'} | {runs} |"
+            f"| {name} | {n} | {t_med:.2f} | {m_med:.2f} | {ratio:.2f} | {'met' if ratio <= 0.5 else 'missed'} "
+            f"| {pre_cells} | {runs} |"
         )
     table = "\n".join(lines) + "\n"
     print()
