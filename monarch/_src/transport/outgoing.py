@@ -38,6 +38,9 @@ MAX_IOV = 512
 BURST_GAP_S = 50e-6
 #: A corked burst is written once this many buffers (three per frame, or more) are queued.
 CORK_BUFFERS = 192
+#: While a thread is still corking, the loop leaves the writing to it and looks again this much
+#: later (writing from two threads at once makes each wait on the other's lock).
+CORK_RECHECK_S = 1e-3
 
 
 def _nbytes(buffer: Any) -> int:
@@ -68,6 +71,7 @@ class OutgoingConnection:
         self._writer_registered = False
         self._flush_scheduled = False
         self._last_direct_send = 0.0
+        self._last_corked = 0.0
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.authenticated = False
         self.closed = False
@@ -88,6 +92,7 @@ class OutgoingConnection:
             if not self.authenticated or q or self._flush_scheduled:
                 q.extend(buffers)
                 if not on_loop:
+                    self._last_corked = time.monotonic()
                     if len(q) >= CORK_BUFFERS and self.authenticated:
                         self._write_queued()
                     else:
@@ -101,6 +106,7 @@ class OutgoingConnection:
                 return
             now = time.monotonic()
             if now - self._last_direct_send < BURST_GAP_S:
+                self._last_corked = now
                 q.extend(buffers)
                 self._flush_scheduled = True
                 self._loop.call_soon_threadsafe(self._flush)
@@ -155,6 +161,10 @@ class OutgoingConnection:
     def _flush(self) -> None:
         """Write what is queued (loop thread); wait for writability if the kernel is full."""
         with self._lock:
+            busy = time.monotonic() - self._last_corked
+            if busy < CORK_RECHECK_S and self._queue and not self.closed and not self._writer_registered:
+                self._loop.call_later(CORK_RECHECK_S - busy, self._flush)  # still scheduled
+                return
             self._flush_scheduled = False
             if self.closed or not self.authenticated:
                 return
