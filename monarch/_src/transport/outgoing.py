@@ -91,9 +91,9 @@ class OutgoingConnection:
             on_loop = threading.get_ident() == self._loop_ident
             if not self.authenticated or q or self._flush_scheduled:
                 q.extend(buffers)
-                if not on_loop:
+                if not on_loop and self.authenticated:  # else the handshake's end flushes it
                     self._last_corked = time.monotonic()
-                    if len(q) >= CORK_BUFFERS and self.authenticated:
+                    if len(q) >= CORK_BUFFERS:
                         self._write_queued()
                     else:
                         note_corked(self)
