@@ -9,6 +9,7 @@ import re
 import sys
 
 import cloudpickle
+import actors
 import psutil
 import pytest
 
@@ -33,18 +34,7 @@ from monarch.actor import (
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-class Counter(Actor):
-    def __init__(self, start: int = 0) -> None:
-        self.v = start
-
-    @endpoint
-    def incr(self, by: int = 1) -> None:
-        self.v += by
-
-    @endpoint
-    def value(self) -> int:
-        return self.v
-
+class Counter(actors.Counter):
     @endpoint
     def pid(self) -> int:
         return os.getpid()

@@ -8,6 +8,7 @@ import sys
 import threading
 
 import cloudpickle
+import actors
 import pytest
 
 from monarch.actor import (
@@ -23,18 +24,7 @@ from monarch.actor import (
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-class Counter(Actor):
-    def __init__(self, start: int = 0) -> None:
-        self.v = start
-
-    @endpoint
-    def incr(self) -> None:
-        self.v += 1
-
-    @endpoint
-    def value(self) -> int:
-        return self.v
-
+class Counter(actors.Counter):
     def plain(self, x: int) -> int:
         return x * 2
 

@@ -6,24 +6,14 @@ import os
 import sys
 
 import cloudpickle
+import actors
 
 from monarch.actor import Actor, Channel, Port, ProcMesh, endpoint
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-class Counter(Actor):
-    def __init__(self, start: int = 0) -> None:
-        self.v = start
-
-    @endpoint
-    def incr(self) -> None:
-        self.v += 1
-
-    @endpoint
-    def value(self) -> int:
-        return self.v
-
+class Counter(actors.Counter):
     @endpoint
     def whoami(self) -> tuple:
         return (os.getpid(), self.v)

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Iterator
 
 import cloudpickle
+import actors
 import psutil
 import pytest
 
@@ -212,17 +213,7 @@ class Ballast(Worker):
         self.size = len(ballast)
 
 
-class Counter(Actor):
-    def __init__(self) -> None:
-        self.v = 0
-
-    @endpoint
-    def incr(self) -> None:
-        self.v += 1
-
-    @endpoint
-    def value(self) -> int:
-        return self.v
+Counter = actors.Counter
 
 
 class WithCleanup(Actor):
