@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 MiB = 1024 * 1024
 PAYLOAD_BYTES = 64 * MiB
@@ -143,36 +143,20 @@ class Recorder:
             return
         print(f"[bench] {metric} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-
-        def hung() -> None:
-            self.result["errors"][metric] = f"hung: no result after {self.args.metric_timeout:.0f}s"
-            self.result["metrics"].setdefault(metric, None)
-            self.result["hung"] = metric
-            print(f"[bench] {metric} HUNG after {self.args.metric_timeout:.0f}s; exiting", file=sys.stderr,
-                  flush=True)
+        with self.guard(metric, [metric]):
             try:
-                self.flush()
-            finally:
-                os._exit(3)
-
-        watchdog = threading.Timer(self.args.metric_timeout, hung)
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - one failing metric must not stop the others
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            self.error(metric, e)
-        finally:
-            watchdog.cancel()
+                fn()
+            except BaseException as e:  # noqa: BLE001 - one failing metric must not stop the others
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                self.error(metric, e)
         print(f"[bench] {metric} took {time.perf_counter() - t0:.1f}s -> "
               f"{self.result['metrics'].get(metric)}", file=sys.stderr, flush=True)
 
     @contextlib.contextmanager
     def guard(self, label: str, metrics: List[str]):
-        """Watchdog for a step outside `run` (mesh setup/teardown): on a hang, the
-        given metrics are recorded as hung and the process exits with code 3."""
+        """Watchdog for a metric (`run`) or a step between metrics (mesh setup/teardown): on a
+        hang, the given metrics are recorded as hung and the process exits with code 3."""
         def hung() -> None:
             for m in metrics:
                 if self.want(m):
@@ -224,12 +208,35 @@ def rounds(args: argparse.Namespace, budget: Optional[float] = None):
             measured += 1
 
 
+def sample_rounds(args: argparse.Namespace, sample: Callable[[], float]) -> List[float]:
+    """Call sample() once per round of `rounds(args)`; return the measured ones (warm-up values dropped)."""
+    out: List[float] = []
+    for warm, _ in rounds(args):
+        x = sample()
+        if not warm:
+            out.append(x)
+    return out
+
+
 def timed_loop(fn: Callable[[int], Any], max_n: int, max_s: float) -> float:
     """Run fn(i) up to max_n times or max_s seconds; return seconds per call."""
     n = 0
     s = time.perf_counter()
     while n < max_n:
         fn(n)
+        n += 1
+        if (n & 15) == 0 and time.perf_counter() - s > max_s:
+            break
+    return (time.perf_counter() - s) / n
+
+
+async def timed_loop_async(fn: Callable[[int], Awaitable[Any]], max_n: int, max_s: float) -> float:
+    """`timed_loop` for an awaitable: await fn(i) up to max_n times or max_s seconds; return seconds
+    per call."""
+    n = 0
+    s = time.perf_counter()
+    while n < max_n:
+        await fn(n)
         n += 1
         if (n & 15) == 0 and time.perf_counter() - s > max_s:
             break

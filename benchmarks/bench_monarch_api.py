@@ -105,17 +105,15 @@ def main() -> None:
 
     # a. spawn: 4 procs + actor mesh + first reply --------------------------
     def m_spawn():
-        xs = []
-        for warm, _ in bu.rounds(args):
+        def one() -> float:
             t = time.perf_counter()
             procs = this_host().spawn_procs(per_host={"gpus": 4})
             echo = procs.spawn("x", Echo)
             echo.echo.call().get()
             dt = time.perf_counter() - t
             procs.stop().get()
-            if not warm:
-                xs.append(dt)
-        rec.set("spawn_s", xs)
+            return dt
+        rec.set("spawn_s", bu.sample_rounds(args, one))
     rec.run("spawn_s", m_spawn)
 
     # b/c/e. one 1-proc mesh hosting a sync and an async echo actor ---------
@@ -141,76 +139,54 @@ def main() -> None:
     if need_one:
         # b. round trip, sync .get()
         def m_rt_sync():
-            xs = []
-            for warm, _ in bu.rounds(args):
-                per = bu.timed_loop(lambda i: sync_a.echo.call_one(i).get(), 2000, args.loop_s)
-                if not warm:
-                    xs.append(per * 1e6)
-            rec.set("rt_sync_us", xs)
+            rec.set("rt_sync_us", bu.sample_rounds(args, lambda: bu.timed_loop(
+                lambda i: sync_a.echo.call_one(i).get(), 2000, args.loop_s) * 1e6))
         rec.run("rt_sync_us", m_rt_sync)
 
         # b. round trip, await inside asyncio.run
         def m_rt_await():
-            async def one_round():
-                n = 0
-                s = time.perf_counter()
-                while n < 2000:
-                    await async_a.echo.call_one(n)
-                    n += 1
-                    if (n & 15) == 0 and time.perf_counter() - s > args.loop_s:
-                        break
-                return (time.perf_counter() - s) / n
-
-            xs = []
-            for warm, _ in bu.rounds(args):
-                per = asyncio.run(one_round())
-                if not warm:
-                    xs.append(per * 1e6)
-            rec.set("rt_await_us", xs)
+            rec.set("rt_await_us", bu.sample_rounds(args, lambda: asyncio.run(bu.timed_loop_async(
+                lambda i: async_a.echo.call_one(i), 2000, args.loop_s)) * 1e6))
         rec.run("rt_await_us", m_rt_await)
 
         # c. 10,000 outstanding call_one, then wait all
         def m_outstanding():
             N = 10_000
-            xs = []
-            for warm, _ in bu.rounds(args):
+
+            def one() -> float:
                 t = time.perf_counter()
                 futs = [sync_a.echo.call_one(i) for i in range(N)]
                 for f in futs:
                     f.get()
-                dt = time.perf_counter() - t
-                if not warm:
-                    xs.append(N / dt)
-            rec.set("outstanding_calls_per_s", xs)
+                return N / (time.perf_counter() - t)
+            rec.set("outstanding_calls_per_s", bu.sample_rounds(args, one))
         rec.run("outstanding_calls_per_s", m_outstanding)
 
         # e. 64 MiB payloads
         def m_payload_bytes():
             data = os.urandom(bu.PAYLOAD_BYTES)
-            xs = []
-            for warm, _ in bu.rounds(args):
+
+            def one() -> float:
                 t = time.perf_counter()
                 n = sync_a.nbytes.call_one(data).get()
                 dt = time.perf_counter() - t
                 assert n == bu.PAYLOAD_BYTES, n
-                if not warm:
-                    xs.append(bu.PAYLOAD_BYTES / 1e6 / dt)
-            rec.set("payload_bytes_mb_per_s", xs)
+                return bu.PAYLOAD_BYTES / 1e6 / dt
+            rec.set("payload_bytes_mb_per_s", bu.sample_rounds(args, one))
         rec.run("payload_bytes_mb_per_s", m_payload_bytes)
 
         def m_payload_numpy():
             if np is None:
                 raise RuntimeError("numpy not installed")
             arr = np.random.default_rng(0).random(bu.NUMPY_ELEMS, dtype=np.float32)
-            xs = []
-            for warm, _ in bu.rounds(args):
+
+            def one() -> float:
                 t = time.perf_counter()
                 n = sync_a.nbytes.call_one(arr).get()
                 dt = time.perf_counter() - t
                 assert n == arr.nbytes, n
-                if not warm:
-                    xs.append(arr.nbytes / 1e6 / dt)
-            rec.set("payload_numpy_mb_per_s", xs)
+                return arr.nbytes / 1e6 / dt
+            rec.set("payload_numpy_mb_per_s", bu.sample_rounds(args, one))
         rec.run("payload_numpy_mb_per_s", m_payload_numpy)
 
     if procs1 is not None:
@@ -225,12 +201,8 @@ def main() -> None:
         procs, a = spawn_mesh(4, "gather")
         try:
             a.echo.call(0).get()
-            xs = []
-            for warm, _ in bu.rounds(args):
-                per = bu.timed_loop(lambda i: a.echo.call(i).get(), 2000, args.loop_s)
-                if not warm:
-                    xs.append(1.0 / per)
-            rec.set("gather_per_s", xs)
+            rec.set("gather_per_s", bu.sample_rounds(args, lambda: 1.0 / bu.timed_loop(
+                lambda i: a.echo.call(i).get(), 2000, args.loop_s)))
         finally:
             procs.stop().get()
     rec.run("gather_per_s", m_gather)
@@ -239,12 +211,8 @@ def main() -> None:
     def m_inproc():
         a = this_proc().spawn("inproc_echo", Echo)
         a.echo.call_one(0).get()
-        xs = []
-        for warm, _ in bu.rounds(args):
-            per = bu.timed_loop(lambda i: a.echo.call_one(i).get(), 2000, args.loop_s)
-            if not warm:
-                xs.append(per * 1e6)
-        rec.set("inproc_rt_us", xs)
+        rec.set("inproc_rt_us", bu.sample_rounds(args, lambda: bu.timed_loop(
+            lambda i: a.echo.call_one(i).get(), 2000, args.loop_s) * 1e6))
     rec.run("inproc_rt_us", m_inproc)
 
     rec.finish()

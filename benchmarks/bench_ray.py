@@ -78,8 +78,7 @@ def main() -> None:
     rec.run("idle_worker_rss_mb", m_rss)
 
     def m_spawn():
-        xs = []
-        for warm, _ in bu.rounds(args):
+        def one() -> float:
             t = time.perf_counter()
             actors = [Echo.remote() for _ in range(4)]
             ray.get([a.echo.remote() for a in actors])
@@ -87,9 +86,8 @@ def main() -> None:
             _kill(actors)
             del actors
             time.sleep(0.2)  # let the killed workers exit (keeps <= 4 worker procs alive)
-            if not warm:
-                xs.append(dt)
-        rec.set("spawn_s", xs)
+            return dt
+        rec.set("spawn_s", bu.sample_rounds(args, one))
     rec.run("spawn_s", m_spawn)
 
     sync_a = Echo.remote()
@@ -97,70 +95,48 @@ def main() -> None:
     ray.get([sync_a.echo.remote(0), async_a.echo.remote(0)])
 
     def m_rt_sync():
-        xs = []
-        for warm, _ in bu.rounds(args):
-            per = bu.timed_loop(lambda i: ray.get(sync_a.echo.remote(i)), 2000, args.loop_s)
-            if not warm:
-                xs.append(per * 1e6)
-        rec.set("rt_sync_us", xs)
+        rec.set("rt_sync_us", bu.sample_rounds(args, lambda: bu.timed_loop(
+            lambda i: ray.get(sync_a.echo.remote(i)), 2000, args.loop_s) * 1e6))
     rec.run("rt_sync_us", m_rt_sync)
 
     def m_rt_await():
-        async def one_round():
-            n = 0
-            s = time.perf_counter()
-            while n < 2000:
-                await async_a.echo.remote(n)
-                n += 1
-                if (n & 15) == 0 and time.perf_counter() - s > args.loop_s:
-                    break
-            return (time.perf_counter() - s) / n
-
-        xs = []
-        for warm, _ in bu.rounds(args):
-            per = asyncio.run(one_round())
-            if not warm:
-                xs.append(per * 1e6)
-        rec.set("rt_await_us", xs)
+        rec.set("rt_await_us", bu.sample_rounds(args, lambda: asyncio.run(bu.timed_loop_async(
+            lambda i: async_a.echo.remote(i), 2000, args.loop_s)) * 1e6))
     rec.run("rt_await_us", m_rt_await)
 
     def m_outstanding():
         N = 10_000
-        xs = []
-        for warm, _ in bu.rounds(args):
+
+        def one() -> float:
             t = time.perf_counter()
             refs = [sync_a.echo.remote(i) for i in range(N)]
             ray.get(refs)
-            dt = time.perf_counter() - t
-            if not warm:
-                xs.append(N / dt)
-        rec.set("outstanding_calls_per_s", xs)
+            return N / (time.perf_counter() - t)
+        rec.set("outstanding_calls_per_s", bu.sample_rounds(args, one))
     rec.run("outstanding_calls_per_s", m_outstanding)
 
     def m_payload_bytes():
         data = os.urandom(bu.PAYLOAD_BYTES)
-        xs = []
-        for warm, _ in bu.rounds(args):
+
+        def one() -> float:
             t = time.perf_counter()
             n = ray.get(sync_a.nbytes.remote(data))
             dt = time.perf_counter() - t
             assert n == bu.PAYLOAD_BYTES, n
-            if not warm:
-                xs.append(bu.PAYLOAD_BYTES / 1e6 / dt)
-        rec.set("payload_bytes_mb_per_s", xs)
+            return bu.PAYLOAD_BYTES / 1e6 / dt
+        rec.set("payload_bytes_mb_per_s", bu.sample_rounds(args, one))
     rec.run("payload_bytes_mb_per_s", m_payload_bytes)
 
     def m_payload_numpy():
         arr = np.random.default_rng(0).random(bu.NUMPY_ELEMS, dtype=np.float32)
-        xs = []
-        for warm, _ in bu.rounds(args):
+
+        def one() -> float:
             t = time.perf_counter()
             n = ray.get(sync_a.nbytes.remote(arr))
             dt = time.perf_counter() - t
             assert n == arr.nbytes, n
-            if not warm:
-                xs.append(arr.nbytes / 1e6 / dt)
-        rec.set("payload_numpy_mb_per_s", xs)
+            return arr.nbytes / 1e6 / dt
+        rec.set("payload_numpy_mb_per_s", bu.sample_rounds(args, one))
     rec.run("payload_numpy_mb_per_s", m_payload_numpy)
 
     _kill([sync_a, async_a])
@@ -170,13 +146,8 @@ def main() -> None:
         actors = [Echo.remote() for _ in range(4)]
         try:
             ray.get([a.echo.remote(0) for a in actors])
-            xs = []
-            for warm, _ in bu.rounds(args):
-                per = bu.timed_loop(lambda i: ray.get([a.echo.remote(i) for a in actors]),
-                                    2000, args.loop_s)
-                if not warm:
-                    xs.append(1.0 / per)
-            rec.set("gather_per_s", xs)
+            rec.set("gather_per_s", bu.sample_rounds(args, lambda: 1.0 / bu.timed_loop(
+                lambda i: ray.get([a.echo.remote(i) for a in actors]), 2000, args.loop_s)))
         finally:
             _kill(actors)
     rec.run("gather_per_s", m_gather)
