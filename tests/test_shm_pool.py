@@ -139,3 +139,46 @@ def test_a_result_outlives_the_process_that_lent_it():
     result[:] = 1.0  # and private to this process
     assert float(result.sum()) == ELEMS
     del result  # giving it back to a process that is gone is a no-op
+
+
+def test_send_pool_trims_files_left_unused():
+    from monarch._src.runtime.shm import SendPool
+
+    pool = SendPool("job-pooltrim", budget=4 << 20)
+    try:
+        name = pool.lend(memoryview(b"x" * (1 << 20)), "peer")
+        assert name is not None
+        assert pool.trim(idle_s=0) is False  # lent: never trimmed
+        pool.give_back([name.decode()])
+        assert pool.trim(idle_s=3600) is True  # free, but not idle long enough
+        assert glob.glob("/dev/shm/monarch-job-pooltrim-*") == [f"/dev/shm/{name.decode()}"]
+        assert pool.trim(idle_s=0) is False
+        assert glob.glob("/dev/shm/monarch-job-pooltrim-*") == []
+    finally:
+        pool.close()
+
+
+def test_an_idle_pool_gives_its_memory_back():
+    code = (
+        "import glob, numpy as np, time\n"
+        "from monarch.actor import Actor, endpoint, this_host\n"
+        "from monarch._src.actor.proc import runtime\n"
+        "class A(Actor):\n"
+        "    @endpoint\n"
+        "    def total(self, x):\n"
+        "        return float(x.sum())\n"
+        "pm = this_host().spawn_procs(per_host={'gpus': 1})\n"
+        "a = pm.spawn('a', A)\n"
+        f"a.total.call_one(np.full({ELEMS}, 3.0)).get(timeout=30)\n"
+        "files = lambda: glob.glob(f'/dev/shm/monarch-{runtime().job_tag}-*')\n"
+        "print(len(files()))\n"
+        "deadline = time.monotonic() + 20\n"
+        "while files() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print(len(files()))\n"
+        "pm.stop().get(timeout=10)\n"
+    )
+    env = dict(os.environ, MONARCH_SHM_POOL_IDLE_S="1")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "0"]  # kept for reuse, then removed once idle

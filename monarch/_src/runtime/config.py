@@ -26,7 +26,9 @@ class RuntimeConfig:
     )
     #: Bytes of shared-memory files each process keeps for reuse by large messages it sends
     #: to processes on its host (0 turns the reuse off; every large buffer gets a fresh file).
-    shm_pool_bytes: int = field(default_factory=lambda: _int_env("MONARCH_SHM_POOL_BYTES", 1 << 30))
+    shm_pool_bytes: int = field(default_factory=lambda: _int_env("MONARCH_SHM_POOL_BYTES", 512 << 20))
+    #: Seconds a pooled file may stay unused before it is removed (its memory freed).
+    shm_pool_idle_s: float = field(default_factory=lambda: float(_int_env("MONARCH_SHM_POOL_IDLE_S", 30)))
     #: How long shutdown waits for a worker to exit by itself before killing it.
     stop_timeout_s: float = 5.0
 

@@ -131,7 +131,8 @@ class Runtime:
         #: Lent files this process is done with, per lender, not yet told (see _give_back).
         self._given_back: dict[str, list[str]] = {}
         self._given_back_lock = threading.Lock()
-        self._handlers[SHM_GIVE_BACK_KIND] = lambda header, bodies: self._send_pool.give_back(header["n"])
+        self._handlers[SHM_GIVE_BACK_KIND] = self._given_back_to_us
+        self._trim_scheduled = False
         self._peer_lost.append(lambda address, reason: self._send_pool.reclaim(address))
         self.closed = False
         self.loop_thread = LoopThread()
@@ -291,6 +292,18 @@ class Runtime:
                 logger.error("dropping a frame whose shared-memory buffer is unusable: %s", e)
                 return
         self.dispatch(header, bodies)
+
+    def _given_back_to_us(self, header: dict, bodies: list) -> None:
+        """(loop thread) A borrower is done with files we lent; unused ones are trimmed later."""
+        self._send_pool.give_back(header["n"])
+        if not self._trim_scheduled:
+            self._trim_scheduled = True
+            self.loop.call_later(CONFIG.shm_pool_idle_s, self._trim_pool)
+
+    def _trim_pool(self) -> None:
+        self._trim_scheduled = self._send_pool.trim(CONFIG.shm_pool_idle_s)
+        if self._trim_scheduled:
+            self.loop.call_later(CONFIG.shm_pool_idle_s, self._trim_pool)
 
     def _give_back(self, lender: str, name: str) -> None:
         """Queue the return of a lent file. It may run in any thread, even inside ``send``

@@ -20,6 +20,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 import weakref
 from typing import Callable, TypeVar
 
@@ -144,13 +145,14 @@ def borrow(name: bytes, size: int, as_bytes: bool, give_back: Callable[[], None]
 
 
 class _Slot:
-    __slots__ = ("name", "capacity", "mapping", "borrower")
+    __slots__ = ("name", "capacity", "mapping", "borrower", "freed_at")
 
     def __init__(self, name: str, capacity: int, mapping: mmap.mmap) -> None:
         self.name = name
         self.capacity = capacity
         self.mapping = mapping
         self.borrower: str | None = None
+        self.freed_at = 0.0
 
 
 class SendPool:
@@ -237,7 +239,20 @@ class SendPool:
                 if slot is None:
                     continue
                 slot.borrower = None
+                slot.freed_at = time.monotonic()
                 self._free.append(slot)
+
+    def trim(self, idle_s: float) -> bool:
+        """Remove the files nobody borrowed for ``idle_s`` seconds (their memory goes back to
+        the system); whether free files remain, to trim later."""
+        cutoff = time.monotonic() - idle_s
+        with self._lock:
+            keep = [slot for slot in self._free if slot.freed_at > cutoff]
+            for slot in self._free:
+                if slot.freed_at <= cutoff:
+                    self._discard(slot)
+            self._free = keep
+            return bool(keep)
 
     def reclaim(self, borrower: str) -> None:
         """``borrower`` is gone: whatever it held is free again."""
