@@ -82,25 +82,34 @@ def test_results_the_client_keeps_stay_intact(keeper):
     assert float(again.sum()) == 7.0 * ELEMS
 
 
-def test_pool_turned_off_still_delivers_and_leaves_no_files():
-    code = (
-        "import glob, numpy as np\n"
-        "from monarch.actor import Actor, endpoint, this_host\n"
-        "from monarch._src.actor.proc import runtime\n"
-        "class A(Actor):\n"
-        "    @endpoint\n"
-        "    def total(self, x):\n"
-        "        return float(x.sum())\n"
-        "pm = this_host().spawn_procs(per_host={'gpus': 1})\n"
-        "a = pm.spawn('a', A)\n"
-        f"print(a.total.call_one(np.full({ELEMS}, 3.0)).get(timeout=30))\n"
-        "print(len(glob.glob(f'/dev/shm/monarch-{runtime().job_tag}-*')))\n"
-        "pm.stop().get(timeout=10)\n"
+#: A client script (run in its own interpreter, to set the pool's environment): one actor
+#: summing a 4 MiB array, and ``files()``, this job's shared-memory files.
+CHILD_PRELUDE = (
+    "import glob, numpy as np, time\n"
+    "from monarch.actor import Actor, endpoint, this_host\n"
+    "from monarch._src.actor.proc import runtime\n"
+    "class A(Actor):\n"
+    "    @endpoint\n"
+    "    def total(self, x):\n"
+    "        return float(x.sum())\n"
+    "pm = this_host().spawn_procs(per_host={'gpus': 1})\n"
+    "a = pm.spawn('a', A)\n"
+    "files = lambda: glob.glob(f'/dev/shm/monarch-{runtime().job_tag}-*')\n"
+    f"print(a.total.call_one(np.full({ELEMS}, 3.0)).get(timeout=30))\n"
+)
+
+
+def _run_child(body: str, **env: str) -> list[str]:
+    code = CHILD_PRELUDE + body + "pm.stop().get(timeout=10)\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO, env=dict(os.environ, **env)
     )
-    env = dict(os.environ, MONARCH_SHM_POOL_BYTES="0")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [str(3.0 * ELEMS), "0"]
+    return proc.stdout.split()
+
+
+def test_pool_turned_off_still_delivers_and_leaves_no_files():
+    assert _run_child("print(len(files()))\n", MONARCH_SHM_POOL_BYTES="0") == [str(3.0 * ELEMS), "0"]
 
 
 def test_send_pool_reuses_evicts_and_cleans_up():
@@ -159,26 +168,12 @@ def test_send_pool_trims_files_left_unused():
 
 
 def test_an_idle_pool_gives_its_memory_back():
-    code = (
-        "import glob, numpy as np, time\n"
-        "from monarch.actor import Actor, endpoint, this_host\n"
-        "from monarch._src.actor.proc import runtime\n"
-        "class A(Actor):\n"
-        "    @endpoint\n"
-        "    def total(self, x):\n"
-        "        return float(x.sum())\n"
-        "pm = this_host().spawn_procs(per_host={'gpus': 1})\n"
-        "a = pm.spawn('a', A)\n"
-        f"a.total.call_one(np.full({ELEMS}, 3.0)).get(timeout=30)\n"
-        "files = lambda: glob.glob(f'/dev/shm/monarch-{runtime().job_tag}-*')\n"
+    wait_for_trim = (
         "print(len(files()))\n"
         "deadline = time.monotonic() + 20\n"
         "while files() and time.monotonic() < deadline:\n"
         "    time.sleep(0.05)\n"
         "print(len(files()))\n"
-        "pm.stop().get(timeout=10)\n"
     )
-    env = dict(os.environ, MONARCH_SHM_POOL_IDLE_S="1")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["1", "0"]  # kept for reuse, then removed once idle
+    # Kept for reuse, then removed once idle for a second.
+    assert _run_child(wait_for_trim, MONARCH_SHM_POOL_IDLE_S="1") == [str(3.0 * ELEMS), "1", "0"]
