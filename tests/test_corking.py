@@ -48,3 +48,12 @@ def test_a_burst_then_a_call_sees_every_earlier_message(procs1, tmp_path):
         tally.note.broadcast(i)
     tally.note.call_one(N).get(timeout=20)  # FIFO: handled after all of the burst
     assert _lines(out) == [str(i) for i in range(N + 1)]
+
+
+async def test_a_burst_awaited_from_async_code_arrives_in_order(procs1, tmp_path):
+    import asyncio
+
+    tally = procs1.spawn("tally", Tally, str(tmp_path / "tally.txt"))
+    calls = [tally.note.call_one(i) for i in range(N)]  # corked in this (the event loop's) thread
+    await asyncio.wait_for(asyncio.gather(*calls), timeout=20)
+    assert _lines(tmp_path / "tally.txt") == [str(i) for i in range(N)]

@@ -248,6 +248,7 @@ class Future(Generic[R]):
             asyncio.get_running_loop()
         except RuntimeError:
             raise ValueError("__await__ with no active event loop (either asyncio or tokio)") from None
+        flush_corked()  # as in get(): a burst this thread sent may be what it now waits for
         return (yield from self.as_asyncio().__await__())
 
     def __repr__(self) -> str:
