@@ -165,8 +165,8 @@ def _serve() -> dict[str, Any] | None:
             pid, status = os.waitpid(-1, 0)
         except ChildProcessError:
             break
-        rank = children.pop(pid, None)
-        if rank is not None:
+        rank = children.pop(pid, -1)
+        if rank >= 0:
             _report(status_fd, f"exit {rank} {os.waitstatus_to_exitcode(status)}\n")
     return None
 

@@ -189,7 +189,7 @@ class ProcGroup:
 
         envs = [launch.env for launch in launches]
         shared = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
-        ranks = [
+        ranks: list[dict[str, Any]] = [
             {
                 "env": launch.env,
                 "keep": [launch.listen_fd, launch.death_r],

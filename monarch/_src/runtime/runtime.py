@@ -281,10 +281,12 @@ class Runtime:
             lent = dict(header.get("shml") or ())
             lender = header.get("shmo")
             try:
+                if lent and not isinstance(lender, str):
+                    raise ValueError("lent shared-memory buffers without a lender address")
                 for i in moved:
                     name = bytes(bodies[i])
                     if i in lent:
-                        give_back = functools.partial(self._give_back, lender, name.decode())
+                        give_back = functools.partial(self._give_back, str(lender), name.decode())
                         bodies[i] = shm.borrow(name, lent[i], i in as_bytes, give_back)
                     else:
                         bodies[i] = shm.import_(name, as_bytes=i in as_bytes)

@@ -205,9 +205,10 @@ class SendPool:
                     self._discard(self._free.pop(0))
                 if self._bytes + capacity > self._budget:
                     return None
-                slot = self._new_slot(capacity)
-                if slot is None:
+                created = self._new_slot(capacity)
+                if created is None:
                     return None
+                slot = created
             slot.borrower = borrower
             self._lent[slot.name] = slot
             return slot
