@@ -53,6 +53,14 @@ class Future(Generic[R]):
 
     __slots__ = ("_state", "_value", "_exc", "_lock", "_waiters", "_callbacks", "__weakref__")
 
+    # Declared here because ``_new`` (not ``__init__``) sets them, skipping ``__init__`` for speed.
+    _state: int  # _PENDING or _DONE
+    _value: R | None  # the result once done without an exception
+    _exc: BaseException | None
+    _lock: threading.Lock
+    _waiters: list[threading.Lock] | None  # one held lock per blocked get(); None until needed
+    _callbacks: list[Callable[[Future[R]], None]] | None
+
     def __init__(self) -> None:
         raise TypeError(
             "Future objects are returned by Monarch operations and cannot be constructed directly."

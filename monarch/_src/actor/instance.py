@@ -274,7 +274,7 @@ class ActorInstance:
         r = header["r"]
         current_message_rank.set(point_of(r, labels, sizes) if labels else SINGLETON_POINT)
         spec = header.get("p")
-        reply = Port(spec[0], spec[1], r) if spec else None
+        reply: Port[Any] | None = Port(spec[0], spec[1], r) if spec else None
         name = header["e"]
         if self.failure is not None or self.actor is None:
             if reply is not None:
@@ -488,7 +488,9 @@ class ActorInstance:
             self._reject_queued()
         spec = header.get("p") if header else None
         if spec:
-            Port(spec[0], spec[1], header.get("r")).send(None)  # type: ignore[union-attr]
+            assert header is not None  # spec came from it
+            ack: Port[None] = Port(spec[0], spec[1], header.get("r"))  # the stop is acknowledged, no value
+            ack.send(None)
         done = header.get("done") if header else None
         if done is not None:
             done()
@@ -619,7 +621,8 @@ def handle_stop_actor(header: dict, bodies: list) -> None:
     if inst is None:
         spec = header.get("p")
         if spec:
-            Port(spec[0], spec[1], header.get("r")).send(None)
+            ack: Port[None] = Port(spec[0], spec[1], header.get("r"))  # the stop is acknowledged, no value
+            ack.send(None)
         return
     inst.put((_STOP, header, bodies))
 

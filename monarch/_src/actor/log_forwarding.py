@@ -58,7 +58,8 @@ def output_is_captured() -> bool:
 
 
 def _reply(spec: list, rank: int | None) -> None:
-    Port(spec[0], spec[1], rank).send(None)
+    ack: Port[None] = Port(spec[0], spec[1], rank)  # an acknowledgement carries no value
+    ack.send(None)
 
 
 def _write_control(obj: dict) -> None:

@@ -215,7 +215,8 @@ class OutputCapture:
                 _, spec, rank = token
                 if len(spec) == 2:
                     try:
-                        Port(spec[0], spec[1], rank).send(None)
+                        ack: Port[None] = Port(spec[0], spec[1], rank)  # the control is answered, no value
+                        ack.send(None)
                     except Exception:
                         logger.debug("could not answer %s", token, exc_info=True)
 

@@ -305,13 +305,13 @@ class Agent:
             ok = True
             return state
         finally:
-            a = self.attempt
-            if a is not None and a.index == index:
-                a.stopping = True
-                if not ok and a.group is not None:
-                    a.group.kill()  # the launcher itself failed: leave no worker behind
-                if a.store is not None:
-                    a.store.close()
+            current = self.attempt  # set even when _start_attempt failed part-way
+            if current is not None and current.index == index:
+                current.stopping = True
+                if not ok and current.group is not None:
+                    current.group.kill()  # the launcher itself failed: leave no worker behind
+                if current.store is not None:
+                    current.store.close()
             if self.tailer is not None:
                 self.tailer.reset()
 

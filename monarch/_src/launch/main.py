@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
     handled = set(config.resolved_signals())
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
 
     def on_signal(signum: int, frame: Any) -> None:
         agent.signal(signum)

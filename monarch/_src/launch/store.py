@@ -207,6 +207,7 @@ class _Client(asyncio.Protocol):
 
     def _one(self, r: _Reader) -> bool:
         """Handle one complete request from ``r``; False if it is not complete yet."""
+        key: str | None  # each command reads its own key; None while the request is incomplete
         cmd = r.take(1)
         if cmd is None:
             return False
@@ -278,11 +279,11 @@ class _Client(asyncio.Protocol):
                 return False
             old = store.data.get(key)
             try:
-                value = delta + (int(old) if old is not None else 0)
+                total = delta + (int(old) if old is not None else 0)
             except ValueError:
                 raise _ProtocolError(f"ADD on a non-integer value of {key!r}") from None
-            store._set(key, str(value).encode())
-            self.send(_I64.pack(value))
+            store._set(key, str(total).encode())
+            self.send(_I64.pack(total))
             return True
         if op == CHECK:
             keys = r.keys()

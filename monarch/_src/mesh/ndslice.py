@@ -14,13 +14,17 @@ cache what they need on first use.
 from __future__ import annotations
 
 import operator
-from typing import Iterable, Iterator, Sequence, overload
+from typing import Iterable, Iterator, Sequence, SupportsIndex, overload
 
 __all__ = ["Slice", "NDSlice"]
 
 
-def _as_uint(value: object, what: str) -> int:
-    """Validate a non-negative int; negatives raise ``OverflowError`` like Rust's ``usize``."""
+def _as_uint(value: SupportsIndex, what: str) -> int:
+    """Validate a non-negative int; negatives raise ``OverflowError`` like Rust's ``usize``.
+
+    Typed as ``SupportsIndex`` (what the callers promise); anything else passed at run time
+    still gets the ``TypeError`` below.
+    """
     if type(value) is not int:
         try:
             value = operator.index(value)

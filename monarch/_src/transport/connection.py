@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from monarch._src.transport import auth
 from monarch._src.wire.frame import (
@@ -81,11 +81,13 @@ class IncomingConnection(asyncio.BufferedProtocol):
     # -- asyncio callbacks ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream server or connection always hands over a full Transport; the base
+        # protocol signature only promises BaseTransport.
+        self.transport = stream = cast("asyncio.Transport", transport)
         loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
         self._nonce_s = auth.new_nonce()
-        self.transport.write(auth.challenge(self._nonce_s))
+        stream.write(auth.challenge(self._nonce_s))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed(exc or ConnectionResetError(f"connection {self.name} closed by peer"))

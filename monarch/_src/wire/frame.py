@@ -61,7 +61,7 @@ def encode_frame(header: dict[str, Any], bodies: Sequence[Any], max_frame_bytes:
     return [PREFIX.pack(len(head)), head, *bodies]
 
 
-def decode_header(data: bytes | memoryview) -> dict[str, Any]:
+def decode_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     """Decode a header received on an authenticated connection; raise FrameError if malformed."""
     try:
         header = msgpack.unpackb(data, raw=False, strict_map_key=False)

@@ -154,8 +154,12 @@ def dumps_inband(obj: Any) -> bytes:
     return f.getvalue()
 
 
-def loads(bodies: Sequence[Any] | bytes) -> Any:
-    """Inverse of ``dumps`` (or of ``dumps_inband`` when given a single bytes object)."""
+def loads(bodies: Sequence[Any]) -> Any:
+    """Inverse of ``dumps`` (or of ``dumps_inband`` when given a single bytes object).
+
+    ``bytes`` is itself a ``Sequence``, so the annotation covers both forms; spelling out
+    ``| bytes`` would stop mypy from narrowing the list form after the check below.
+    """
     if isinstance(bodies, (bytes, bytearray, memoryview)):
         return pickle.loads(bodies)
     return pickle.loads(bodies[0], buffers=bodies[1:])
