@@ -3,7 +3,9 @@ the client's import path)."""
 
 from __future__ import annotations
 
-from monarch.actor import Actor, endpoint
+import asyncio
+
+from monarch.actor import Actor, concurrent_endpoint, endpoint
 
 
 class Counter(Actor):
@@ -19,3 +21,20 @@ class Counter(Actor):
     @endpoint
     def value(self) -> int:
         return self.v
+
+
+class Gate(Actor):
+    """``wait`` resolves only after ``release``; both run concurrently on one actor."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    @concurrent_endpoint
+    async def wait(self) -> str:
+        await self.event.wait()
+        return "done"
+
+    @endpoint
+    async def release(self) -> str:
+        self.event.set()
+        return "released"

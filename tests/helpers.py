@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+import psutil
 import pytest
 
 
@@ -21,3 +22,23 @@ def wait_until(pred: Callable[[], Any], timeout: float = 30.0, what: str = "cond
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.01)
+
+
+def running(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (a zombie counts as gone: only its reaping is left)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
+    """Wait until none of ``pids`` runs; returns those still running at the deadline."""
+    deadline = time.monotonic() + timeout
+    while running(pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return running(pids)

@@ -72,20 +72,7 @@ class Clash(Actor):
         pass
 
 
-class Gate(Actor):
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    @concurrent_endpoint
-    async def wait(self) -> str:
-        await self.event.wait()
-        return "done"
-
-    @endpoint
-    async def release_when_ready(self) -> str:
-        self.event.set()
-        return "released"
-
+class Gate(actors.Gate):
     @concurrent_endpoint
     async def boom(self) -> None:
         raise KeyError("concurrent failure")
@@ -204,7 +191,7 @@ def test_endpoint_name_colliding_with_mesh_attribute_rejected():
 def test_concurrent_endpoint_overlaps_with_next_message(procs1):
     gate = procs1.spawn("gate", Gate)
     waiting = gate.wait.call_one()
-    assert gate.release_when_ready.call_one().get(timeout=10) == "released"
+    assert gate.release.call_one().get(timeout=10) == "released"
     assert waiting.get(timeout=10) == "done"
 
 

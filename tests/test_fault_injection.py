@@ -21,11 +21,10 @@ import time
 from typing import Any, Iterator
 
 import cloudpickle
-import psutil
 import pytest
 
 import monarch.actor
-from helpers import wait_until
+from helpers import wait_gone, wait_until
 from monarch.actor import Actor, MeshFailure, SupervisionError, context, endpoint, this_host
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -202,16 +201,7 @@ def test_random_sigkills_during_traffic(seed: int, hook: HookCounter) -> None:
 
     assert hook.snapshot() == {(name, r): 1 for name in names for r in killed}
 
-    def all_gone() -> bool:
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    return False
-            except psutil.NoSuchProcess:
-                pass
-        return True
-
-    wait_until(all_gone, DEADLINE_S, f"worker processes {pids} to exit")
+    assert wait_gone(pids, DEADLINE_S) == []
 
 
 @pytest.mark.parametrize("seed", SEEDS)

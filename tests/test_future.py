@@ -7,30 +7,16 @@ import math
 import sys
 import threading
 
+import actors
 import cloudpickle
 import pytest
 
-from monarch.actor import Actor, ActorError, Future, concurrent_endpoint, endpoint, this_proc
+from monarch.actor import ActorError, Future, endpoint, this_proc
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-class Gate(Actor):
-    """``wait`` resolves only after ``release``; both run concurrently on one actor."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    @concurrent_endpoint
-    async def wait(self) -> str:
-        await self.event.wait()
-        return "done"
-
-    @endpoint
-    async def release(self) -> str:
-        self.event.set()
-        return "released"
-
+class Gate(actors.Gate):
     @endpoint
     async def fail(self, msg: str) -> None:
         raise ValueError(msg)

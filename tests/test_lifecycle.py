@@ -8,12 +8,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import cloudpickle
 import psutil
 import pytest
+from helpers import wait_gone
 
 from monarch.actor import (
     Actor,
@@ -99,21 +99,6 @@ class Caller(Actor):
         except Exception as e:
             return f"{type(e).__name__}: {e}"
         return "no error"
-
-
-def wait_gone(pids, timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
 
 
 def test_actor_mesh_stop_then_call_fails(procs2):

@@ -8,11 +8,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
-import psutil
 import pytest
+from helpers import running, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,24 +37,6 @@ ENDINGS = {
     "uncaught_exception": "raise RuntimeError('client script failed')\n",
     "sys_exit_3": "sys.exit(3)\n",
 }
-
-
-def alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive(pids)
 
 
 def parse_pids(stdout: str) -> list[int]:
@@ -95,7 +76,7 @@ def test_workers_exit_when_client_is_sigkilled(preload):
         assert line.startswith("PIDS "), line + proc.stderr.read()
         pids = json.loads(line[5:])
         assert len(pids) == 2 + bool(preload)  # two workers (and their template)
-        assert alive(pids) == pids
+        assert running(pids) == pids
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(10) == -signal.SIGKILL
         assert wait_gone(pids, timeout=5) == []
@@ -103,7 +84,7 @@ def test_workers_exit_when_client_is_sigkilled(preload):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-        for pid in alive(pids):
+        for pid in running(pids):
             os.kill(pid, signal.SIGKILL)
         proc.stdout.close()
         proc.stderr.close()

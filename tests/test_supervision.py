@@ -21,11 +21,10 @@ from typing import Any, Callable, Iterator
 
 import cloudpickle
 import actors
-import psutil
 import pytest
 
 import monarch.actor
-from helpers import wait_until
+from helpers import wait_gone, wait_until
 from monarch.actor import (
     Actor,
     ActorError,
@@ -123,16 +122,7 @@ def kill(pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def assert_gone(pids: list[int], timeout: float = DEADLINE_S) -> None:
-    def gone() -> bool:
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    return False
-            except psutil.NoSuchProcess:
-                pass
-        return True
-
-    wait_until(gone, timeout, f"processes {pids} to exit")
+    assert wait_gone(pids, timeout) == [], f"processes {pids} did not exit within {timeout}s"
 
 
 # -- actors ---------------------------------------------------------------------------------------
