@@ -74,15 +74,7 @@ def _kill_tree(proc: subprocess.Popen[str]) -> None:
 
 def run_cmd(argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 60, cwd: str | Path | None = None) -> Run:
     start = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env if env is not None else clean_env(),
-        cwd=cwd,
-        start_new_session=True,
-    )
+    proc = _popen(argv, env, cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -103,8 +95,13 @@ def torchrun(*args: str, **kw: object) -> Run:
 
 
 def start_launcher(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None) -> subprocess.Popen[str]:
+    return _popen([sys.executable, "-m", "monarch.launch", *args], env, cwd)
+
+
+def _popen(argv: list[str], env: dict[str, str] | None, cwd: str | Path | None) -> subprocess.Popen[str]:
+    """Start ``argv`` in its own session (so a test can kill its whole tree), output piped."""
     return subprocess.Popen(
-        [sys.executable, "-m", "monarch.launch", *args],
+        argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
