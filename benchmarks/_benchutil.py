@@ -17,7 +17,8 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Awaitable, Callable, Dict, List, Optional
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 MiB = 1024 * 1024
 PAYLOAD_BYTES = 64 * MiB
@@ -37,22 +38,30 @@ ALL_METRICS = [
 ]
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=5, help="measured rounds per metric")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured warmup rounds")
     p.add_argument("--out", default=None, help="write the JSON result here (rewritten after every metric)")
     p.add_argument("--metrics", default=None, help="comma-separated subset of metrics")
     p.add_argument("--budget", type=float, default=20.0, help="soft per-metric time budget in seconds")
-    p.add_argument("--metric-timeout", type=float, default=90.0,
-                   help="hard per-metric limit: past it the metric is recorded as hung and the "
-                        "process exits with code 3 (run_all.py then runs the remaining metrics)")
-    p.add_argument("--loop-s", type=float, default=1.0,
-                   help="max seconds of one round of a call loop (round trip, gather)")
+    p.add_argument(
+        "--metric-timeout",
+        type=float,
+        default=90.0,
+        help="hard per-metric limit: past it the metric is recorded as hung and the "
+        "process exits with code 3 (run_all.py then runs the remaining metrics)",
+    )
+    p.add_argument(
+        "--loop-s",
+        type=float,
+        default=1.0,
+        help="max seconds of one round of a call loop (round trip, gather)",
+    )
     return p.parse_args(argv)
 
 
-def rss_mb(pid: int) -> Optional[float]:
+def rss_mb(pid: int) -> float | None:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -63,7 +72,7 @@ def rss_mb(pid: int) -> Optional[float]:
     return None
 
 
-def import_time_samples(module_stmt: str, n: int) -> List[float]:
+def import_time_samples(module_stmt: str, n: int) -> list[float]:
     """Wall time of `python -c <import>` minus `python -c pass`, n paired samples.
 
     Runs in an empty temp dir so the project checkout (which has its own
@@ -75,19 +84,27 @@ def import_time_samples(module_stmt: str, n: int) -> List[float]:
     # PYTHONPYCACHEPREFIX (run_all.py points it under benchmarks/out/) or a temp
     # dir, so nothing is written into the source tree.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    out: List[float] = []
+    out: list[float] = []
     with tempfile.TemporaryDirectory() as cwd:
         env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(cwd, "pycache"))
+
         def t(code: str) -> float:
             s = time.perf_counter()
-            r = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            r = subprocess.run(
+                [sys.executable, "-c", code],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             dt = time.perf_counter() - s
             if r.returncode != 0:
                 err = r.stderr.decode(errors="replace").strip().splitlines()
-                raise RuntimeError(f"`python -c {code!r}` exited {r.returncode}: "
-                                   + (err[-1] if err else "(no stderr)"))
+                raise RuntimeError(
+                    f"`python -c {code!r}` exited {r.returncode}: " + (err[-1] if err else "(no stderr)")
+                )
             return dt
+
         t("pass")
         t(module_stmt)  # warm the page cache / bytecode cache
         for _ in range(n):
@@ -100,9 +117,9 @@ def import_time_samples(module_stmt: str, n: int) -> List[float]:
 class Recorder:
     """Collects per-round samples and writes {medians, samples, errors} as JSON."""
 
-    def __init__(self, impl: str, args: argparse.Namespace, extra: Dict[str, Any]):
+    def __init__(self, impl: str, args: argparse.Namespace, extra: dict[str, Any]):
         self.args = args
-        self.result: Dict[str, Any] = {
+        self.result: dict[str, Any] = {
             "impl": impl,
             "python": sys.version.split()[0],
             "rounds": args.rounds,
@@ -118,7 +135,7 @@ class Recorder:
     def want(self, metric: str) -> bool:
         return metric in self.wanted
 
-    def set(self, metric: str, samples: List[Optional[float]]) -> None:
+    def set(self, metric: str, samples: list[float | None]) -> None:
         vals = [s for s in samples if s is not None]
         self.result["samples"][metric] = vals
         self.result["metrics"][metric] = statistics.median(vals) if vals else None
@@ -146,25 +163,32 @@ class Recorder:
         with self.guard(metric, [metric]):
             try:
                 fn()
-            except BaseException as e:  # noqa: BLE001 - one failing metric must not stop the others
+            except BaseException as e:
                 if isinstance(e, KeyboardInterrupt):
                     raise
                 self.error(metric, e)
-        print(f"[bench] {metric} took {time.perf_counter() - t0:.1f}s -> "
-              f"{self.result['metrics'].get(metric)}", file=sys.stderr, flush=True)
+        print(
+            f"[bench] {metric} took {time.perf_counter() - t0:.1f}s -> {self.result['metrics'].get(metric)}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     @contextlib.contextmanager
-    def guard(self, label: str, metrics: List[str]):
+    def guard(self, label: str, metrics: list[str]):
         """Watchdog for a metric (`run`) or a step between metrics (mesh setup/teardown): on a
         hang, the given metrics are recorded as hung and the process exits with code 3."""
+
         def hung() -> None:
             for m in metrics:
                 if self.want(m):
                     self.result["errors"][m] = f"hung in {label} after {self.args.metric_timeout:.0f}s"
                     self.result["metrics"].setdefault(m, None)
             self.result["hung"] = label
-            print(f"[bench] {label} HUNG after {self.args.metric_timeout:.0f}s; exiting", file=sys.stderr,
-                  flush=True)
+            print(
+                f"[bench] {label} HUNG after {self.args.metric_timeout:.0f}s; exiting",
+                file=sys.stderr,
+                flush=True,
+            )
             try:
                 self.flush()
             finally:
@@ -192,7 +216,7 @@ class Recorder:
         sys.stdout.flush()
 
 
-def rounds(args: argparse.Namespace, budget: Optional[float] = None):
+def rounds(args: argparse.Namespace, budget: float | None = None):
     """Yield (is_warmup, index) for warmup + measured rounds, stopping early past the budget
     (always at least one measured round)."""
     budget = args.budget if budget is None else budget
@@ -208,9 +232,9 @@ def rounds(args: argparse.Namespace, budget: Optional[float] = None):
             measured += 1
 
 
-def sample_rounds(args: argparse.Namespace, sample: Callable[[], float]) -> List[float]:
+def sample_rounds(args: argparse.Namespace, sample: Callable[[], float]) -> list[float]:
     """Call sample() once per round of `rounds(args)`; return the measured ones (warm-up values dropped)."""
-    out: List[float] = []
+    out: list[float] = []
     for warm, _ in rounds(args):
         x = sample()
         if not warm:

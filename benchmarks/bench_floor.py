@@ -74,7 +74,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
     result = {}
-    for name, fn in (("process_pingpong_us", process_pingpong_us), ("thread_pingpong_us", thread_pingpong_us)):
+    for name, fn in (
+        ("process_pingpong_us", process_pingpong_us),
+        ("thread_pingpong_us", thread_pingpong_us),
+    ):
         samples = [fn(args.n) for _ in range(args.rounds)]
         result[name] = round(statistics.median(samples), 1)
         print(f"{name}: median {result[name]} us over {args.rounds} rounds of {args.n}")

@@ -62,7 +62,9 @@ def _once(argv: list[str], expect: int, timeout: float) -> float:
     elapsed = time.perf_counter() - start
     lines = r.stdout.count("rank")  # torchrun's workers share one fd: lines can interleave mid-line
     if r.returncode != 0 or lines != expect:
-        raise RuntimeError(f"{argv} failed (rc {r.returncode}, {lines}/{expect} ranks):\n{r.stdout}\n{r.stderr}")
+        raise RuntimeError(
+            f"{argv} failed (rc {r.returncode}, {lines}/{expect} ranks):\n{r.stdout}\n{r.stderr}"
+        )
     return elapsed
 
 
@@ -72,7 +74,9 @@ def main() -> None:
     p.add_argument("--nprocs", default="2,4", help="rank counts, comma-separated")
     p.add_argument("--workloads", default="print,gloo")
     p.add_argument("--timeout", type=float, default=180.0, help="per launch")
-    p.add_argument("--results", default=None, help="write the table as the '## Launcher' section of this file")
+    p.add_argument(
+        "--results", default=None, help="write the table as the '## Launcher' section of this file"
+    )
     args = p.parse_args()
 
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
@@ -101,7 +105,9 @@ def main() -> None:
                 med = {k: statistics.median(v) for k, v in times.items()}
                 ratio = med["monarch.launch"] / med["torchrun"]
                 rows.append((name, n, med["torchrun"], med["monarch.launch"], ratio, times))
-                print(f"{name:5s} nproc={n}: " + ", ".join(f"{k} {v:.2f} s" for k, v in med.items()), flush=True)
+                print(
+                    f"{name:5s} nproc={n}: " + ", ".join(f"{k} {v:.2f} s" for k, v in med.items()), flush=True
+                )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -114,7 +120,7 @@ def main() -> None:
         f"{platform.python_version()}, 1-min load {load:.1f} at the end; medians of {args.rounds} "
         "interleaved runs after one warm-up each).",
         "Wall time of one launch to completion, from starting the launcher to its exit. `print`: "
-        "each rank prints its rank. `gloo`: each rank imports torch, `init_process_group(\"gloo\")`, "
+        'each rank prints its rank. `gloo`: each rank imports torch, `init_process_group("gloo")`, '
         "barrier, `destroy_process_group()`. Target: monarch.launch at most half of torchrun.",
         "",
         f"| workload | ranks | torchrun s | monarch.launch s | ratio | target (<= 0.5) | `{PRELOAD}` s | ratio | runs (torchrun / monarch / preload) |",

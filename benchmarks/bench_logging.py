@@ -97,7 +97,10 @@ MODES = ["stream+aggregate", "stream", "default"]
 def run_one(mode: str, procs: int, lines: int) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", CLIENT, mode, str(procs), str(lines)],
-        capture_output=True, text=True, timeout=900, cwd="/tmp",
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd="/tmp",
     )
     if out.returncode != 0:
         raise SystemExit(f"{mode} failed (rc={out.returncode}):\n{out.stderr[-4000:]}")
@@ -123,7 +126,10 @@ def main() -> None:
     rows = []
     for mode in modes:
         rs = runs[mode]
-        med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
+
+        def med(k: str, rs: list = rs) -> float:
+            return statistics.median(r[k] for r in rs)
+
         rows.append(
             f"| {mode} | {med('lines_per_s'):,.0f} | {med('wall_s'):.2f} | {med('worker_print_s'):.2f} | "
             f"{med('client_cpu_s'):.2f} | {100 * med('client_cpu_share'):.0f}% | "
@@ -136,9 +142,14 @@ def main() -> None:
     table = header + "\n" + "\n".join(rows)
     print(table)
     if args.results:
-        cmd = "python benchmarks/bench_logging.py " + " ".join(
-            f"--{k} {v}" for k, v in (("procs", args.procs), ("lines", args.lines), ("rounds", args.rounds))
-        ) + f" --results {args.results}"
+        cmd = (
+            "python benchmarks/bench_logging.py "
+            + " ".join(
+                f"--{k} {v}"
+                for k, v in (("procs", args.procs), ("lines", args.lines), ("rounds", args.rounds))
+            )
+            + f" --results {args.results}"
+        )
         cpu = f"{os.cpu_count()} CPUs, {platform.python_implementation()} {platform.python_version()}"
         section = (
             f"\n## Logging\n\n"

@@ -18,11 +18,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _benchutil as bu  # noqa: E402
+import _benchutil as bu
 
 _t0 = time.perf_counter()
 import monarch  # noqa: E402
 from monarch.actor import Actor, endpoint, this_host, this_proc  # noqa: E402
+
 _in_process_import_s = time.perf_counter() - _t0
 
 try:
@@ -65,6 +66,7 @@ def _monarch_origin() -> str:
 def _impl_name() -> str:
     try:
         import importlib.metadata as md
+
         for dist in ("monarch-aio", "torchmonarch"):
             try:
                 return f"{dist}=={md.version(dist)}"
@@ -82,13 +84,15 @@ def spawn_mesh(n: int, name: str, cls=Echo):
 
 def main() -> None:
     args = bu.parse_args()
-    rec = bu.Recorder(_impl_name(), args, {"monarch_path": _monarch_origin(),
-                                           "in_process_import_s": _in_process_import_s})
+    rec = bu.Recorder(
+        _impl_name(), args, {"monarch_path": _monarch_origin(), "in_process_import_s": _in_process_import_s}
+    )
     R = args.rounds
 
     # g. import time -------------------------------------------------------
     def m_import():
         rec.set("import_s", bu.import_time_samples("import monarch.actor", max(R, 5)))
+
     rec.run("import_s", m_import)
 
     # h. idle worker RSS ---------------------------------------------------
@@ -101,6 +105,7 @@ def main() -> None:
             rec.result["worker_pid_seen"] = pid
         finally:
             procs.stop().get()
+
     rec.run("idle_worker_rss_mb", m_rss)
 
     # a. spawn: 4 procs + actor mesh + first reply --------------------------
@@ -113,14 +118,29 @@ def main() -> None:
             dt = time.perf_counter() - t
             procs.stop().get()
             return dt
+
         rec.set("spawn_s", bu.sample_rounds(args, one))
+
     rec.run("spawn_s", m_spawn)
 
     # b/c/e. one 1-proc mesh hosting a sync and an async echo actor ---------
-    need_one = any(rec.want(m) for m in ("rt_sync_us", "rt_await_us", "outstanding_calls_per_s",
-                                          "payload_bytes_mb_per_s", "payload_numpy_mb_per_s"))
-    one_metrics = ["rt_sync_us", "rt_await_us", "outstanding_calls_per_s",
-                   "payload_bytes_mb_per_s", "payload_numpy_mb_per_s"]
+    need_one = any(
+        rec.want(m)
+        for m in (
+            "rt_sync_us",
+            "rt_await_us",
+            "outstanding_calls_per_s",
+            "payload_bytes_mb_per_s",
+            "payload_numpy_mb_per_s",
+        )
+    )
+    one_metrics = [
+        "rt_sync_us",
+        "rt_await_us",
+        "outstanding_calls_per_s",
+        "payload_bytes_mb_per_s",
+        "payload_numpy_mb_per_s",
+    ]
     procs1 = None
     try:
         if need_one:
@@ -130,7 +150,7 @@ def main() -> None:
                 async_a = procs1.spawn("async_echo", AsyncEcho)
                 sync_a.echo.call_one(0).get()
                 async_a.echo.call_one(0).get()
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:
         for m in one_metrics:
             if rec.want(m):
                 rec.error(m, e)
@@ -139,14 +159,31 @@ def main() -> None:
     if need_one:
         # b. round trip, sync .get()
         def m_rt_sync():
-            rec.set("rt_sync_us", bu.sample_rounds(args, lambda: bu.timed_loop(
-                lambda i: sync_a.echo.call_one(i).get(), 2000, args.loop_s) * 1e6))
+            rec.set(
+                "rt_sync_us",
+                bu.sample_rounds(
+                    args,
+                    lambda: bu.timed_loop(lambda i: sync_a.echo.call_one(i).get(), 2000, args.loop_s) * 1e6,
+                ),
+            )
+
         rec.run("rt_sync_us", m_rt_sync)
 
         # b. round trip, await inside asyncio.run
         def m_rt_await():
-            rec.set("rt_await_us", bu.sample_rounds(args, lambda: asyncio.run(bu.timed_loop_async(
-                lambda i: async_a.echo.call_one(i), 2000, args.loop_s)) * 1e6))
+            rec.set(
+                "rt_await_us",
+                bu.sample_rounds(
+                    args,
+                    lambda: (
+                        asyncio.run(
+                            bu.timed_loop_async(lambda i: async_a.echo.call_one(i), 2000, args.loop_s)
+                        )
+                        * 1e6
+                    ),
+                ),
+            )
+
         rec.run("rt_await_us", m_rt_await)
 
         # c. 10,000 outstanding call_one, then wait all
@@ -159,7 +196,9 @@ def main() -> None:
                 for f in futs:
                     f.get()
                 return N / (time.perf_counter() - t)
+
             rec.set("outstanding_calls_per_s", bu.sample_rounds(args, one))
+
         rec.run("outstanding_calls_per_s", m_outstanding)
 
         # e. 64 MiB payloads
@@ -172,7 +211,9 @@ def main() -> None:
                 dt = time.perf_counter() - t
                 assert n == bu.PAYLOAD_BYTES, n
                 return bu.PAYLOAD_BYTES / 1e6 / dt
+
             rec.set("payload_bytes_mb_per_s", bu.sample_rounds(args, one))
+
         rec.run("payload_bytes_mb_per_s", m_payload_bytes)
 
         def m_payload_numpy():
@@ -186,14 +227,16 @@ def main() -> None:
                 dt = time.perf_counter() - t
                 assert n == arr.nbytes, n
                 return arr.nbytes / 1e6 / dt
+
             rec.set("payload_numpy_mb_per_s", bu.sample_rounds(args, one))
+
         rec.run("payload_numpy_mb_per_s", m_payload_numpy)
 
     if procs1 is not None:
         try:
             with rec.guard("1-proc mesh stop", []):
                 procs1.stop().get()
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             print(f"[bench] stopping 1-proc mesh failed: {e!r}", file=sys.stderr)
 
     # d. gather on a 4-proc actor mesh -------------------------------------
@@ -201,18 +244,28 @@ def main() -> None:
         procs, a = spawn_mesh(4, "gather")
         try:
             a.echo.call(0).get()
-            rec.set("gather_per_s", bu.sample_rounds(args, lambda: 1.0 / bu.timed_loop(
-                lambda i: a.echo.call(i).get(), 2000, args.loop_s)))
+            rec.set(
+                "gather_per_s",
+                bu.sample_rounds(
+                    args, lambda: 1.0 / bu.timed_loop(lambda i: a.echo.call(i).get(), 2000, args.loop_s)
+                ),
+            )
         finally:
             procs.stop().get()
+
     rec.run("gather_per_s", m_gather)
 
     # f. in-process actor --------------------------------------------------
     def m_inproc():
         a = this_proc().spawn("inproc_echo", Echo)
         a.echo.call_one(0).get()
-        rec.set("inproc_rt_us", bu.sample_rounds(args, lambda: bu.timed_loop(
-            lambda i: a.echo.call_one(i).get(), 2000, args.loop_s) * 1e6))
+        rec.set(
+            "inproc_rt_us",
+            bu.sample_rounds(
+                args, lambda: bu.timed_loop(lambda i: a.echo.call_one(i).get(), 2000, args.loop_s) * 1e6
+            ),
+        )
+
     rec.run("inproc_rt_us", m_inproc)
 
     rec.finish()

@@ -19,10 +19,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _benchutil as bu  # noqa: E402
-
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
+import _benchutil as bu
+import numpy as np
+import ray
 
 NUM_CPUS = 4
 
@@ -61,10 +60,16 @@ def main() -> None:
 
     def m_import():
         rec.set("import_s", bu.import_time_samples("import ray", max(R, 5)))
+
     rec.run("import_s", m_import)
 
-    ray.init(num_cpus=NUM_CPUS, include_dashboard=False, log_to_driver=False,
-             object_store_memory=1 << 30, logging_level="ERROR")
+    ray.init(
+        num_cpus=NUM_CPUS,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=1 << 30,
+        logging_level="ERROR",
+    )
 
     def m_rss():
         a = Echo.remote()
@@ -75,6 +80,7 @@ def main() -> None:
             rec.result["worker_pid_seen"] = pid
         finally:
             _kill([a])
+
     rec.run("idle_worker_rss_mb", m_rss)
 
     def m_spawn():
@@ -87,7 +93,9 @@ def main() -> None:
             del actors
             time.sleep(0.2)  # let the killed workers exit (keeps <= 4 worker procs alive)
             return dt
+
         rec.set("spawn_s", bu.sample_rounds(args, one))
+
     rec.run("spawn_s", m_spawn)
 
     sync_a = Echo.remote()
@@ -95,13 +103,27 @@ def main() -> None:
     ray.get([sync_a.echo.remote(0), async_a.echo.remote(0)])
 
     def m_rt_sync():
-        rec.set("rt_sync_us", bu.sample_rounds(args, lambda: bu.timed_loop(
-            lambda i: ray.get(sync_a.echo.remote(i)), 2000, args.loop_s) * 1e6))
+        rec.set(
+            "rt_sync_us",
+            bu.sample_rounds(
+                args, lambda: bu.timed_loop(lambda i: ray.get(sync_a.echo.remote(i)), 2000, args.loop_s) * 1e6
+            ),
+        )
+
     rec.run("rt_sync_us", m_rt_sync)
 
     def m_rt_await():
-        rec.set("rt_await_us", bu.sample_rounds(args, lambda: asyncio.run(bu.timed_loop_async(
-            lambda i: async_a.echo.remote(i), 2000, args.loop_s)) * 1e6))
+        rec.set(
+            "rt_await_us",
+            bu.sample_rounds(
+                args,
+                lambda: (
+                    asyncio.run(bu.timed_loop_async(lambda i: async_a.echo.remote(i), 2000, args.loop_s))
+                    * 1e6
+                ),
+            ),
+        )
+
     rec.run("rt_await_us", m_rt_await)
 
     def m_outstanding():
@@ -112,7 +134,9 @@ def main() -> None:
             refs = [sync_a.echo.remote(i) for i in range(N)]
             ray.get(refs)
             return N / (time.perf_counter() - t)
+
         rec.set("outstanding_calls_per_s", bu.sample_rounds(args, one))
+
     rec.run("outstanding_calls_per_s", m_outstanding)
 
     def m_payload_bytes():
@@ -124,7 +148,9 @@ def main() -> None:
             dt = time.perf_counter() - t
             assert n == bu.PAYLOAD_BYTES, n
             return bu.PAYLOAD_BYTES / 1e6 / dt
+
         rec.set("payload_bytes_mb_per_s", bu.sample_rounds(args, one))
+
     rec.run("payload_bytes_mb_per_s", m_payload_bytes)
 
     def m_payload_numpy():
@@ -136,7 +162,9 @@ def main() -> None:
             dt = time.perf_counter() - t
             assert n == arr.nbytes, n
             return arr.nbytes / 1e6 / dt
+
         rec.set("payload_numpy_mb_per_s", bu.sample_rounds(args, one))
+
     rec.run("payload_numpy_mb_per_s", m_payload_numpy)
 
     _kill([sync_a, async_a])
@@ -146,10 +174,21 @@ def main() -> None:
         actors = [Echo.remote() for _ in range(4)]
         try:
             ray.get([a.echo.remote(0) for a in actors])
-            rec.set("gather_per_s", bu.sample_rounds(args, lambda: 1.0 / bu.timed_loop(
-                lambda i: ray.get([a.echo.remote(i) for a in actors]), 2000, args.loop_s)))
+            rec.set(
+                "gather_per_s",
+                bu.sample_rounds(
+                    args,
+                    lambda: (
+                        1.0
+                        / bu.timed_loop(
+                            lambda i: ray.get([a.echo.remote(i) for a in actors]), 2000, args.loop_s
+                        )
+                    ),
+                ),
+            )
         finally:
             _kill(actors)
+
     rec.run("gather_per_s", m_gather)
 
     if rec.want("inproc_rt_us"):

@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -75,11 +75,22 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--passes", type=int, default=None, help="interleaved passes (default 3, quick 1)")
     p.add_argument("--rounds", type=int, default=None, help="measured rounds per pass (default 2)")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--loop-s", type=float, default=None, help="seconds per call-loop round (default 1.0, quick 0.4)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per benchmark subprocess (default 300, quick 180)")
-    p.add_argument("--metric-timeout", type=float, default=None,
-                   help="per-metric hang limit inside a benchmark (it then exits and is restarted "
-                        "for the remaining metrics; default 90, quick 45)")
+    p.add_argument(
+        "--loop-s", type=float, default=None, help="seconds per call-loop round (default 1.0, quick 0.4)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per benchmark subprocess (default 300, quick 180)",
+    )
+    p.add_argument(
+        "--metric-timeout",
+        type=float,
+        default=None,
+        help="per-metric hang limit inside a benchmark (it then exits and is restarted "
+        "for the remaining metrics; default 90, quick 45)",
+    )
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
     p.add_argument("--metrics", default=None, help="comma-separated subset of metric keys")
     p.add_argument("--out-dir", default=os.path.join(HERE, "out"))
@@ -108,7 +119,7 @@ def _tail(path: str, n: int = 15) -> str:
     return "\n".join(lines[-n:])
 
 
-def _last_json_line(path: str) -> Optional[Dict[str, Any]]:
+def _last_json_line(path: str) -> dict[str, Any] | None:
     try:
         with open(path, errors="replace") as f:
             lines = f.read().strip().splitlines()
@@ -124,7 +135,7 @@ def _last_json_line(path: str) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _running_metric(stderr_path: str) -> Optional[str]:
+def _running_metric(stderr_path: str) -> str | None:
     """The metric the benchmark had started last (from its '[bench] X ...' lines)."""
     last = None
     try:
@@ -138,16 +149,30 @@ def _running_metric(stderr_path: str) -> Optional[str]:
     return last
 
 
-def run_one(name: str, args, run_dir: str, tag: str, metrics: List[str]) -> Dict[str, Any]:
+def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str]) -> dict[str, Any]:
     py, script = IMPLS[name]
     out_json = os.path.join(run_dir, tag + ".json")
     out_log, err_log = os.path.join(run_dir, tag + ".stdout"), os.path.join(run_dir, tag + ".stderr")
-    info: Dict[str, Any] = {"impl": name, "tag": tag, "result": None, "error": None}
+    info: dict[str, Any] = {"impl": name, "tag": tag, "result": None, "error": None}
     if not os.path.exists(py):
         info["error"] = f"interpreter not found: {py} (run benchmarks/setup_peers.sh)"
         return info
-    cmd = [py, os.path.join(HERE, script), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
-           "--loop-s", str(args.loop_s), "--metric-timeout", str(args.metric_timeout), "--out", out_json, "--metrics", ",".join(metrics)]
+    cmd = [
+        py,
+        os.path.join(HERE, script),
+        "--rounds",
+        str(args.rounds),
+        "--warmup",
+        str(args.warmup),
+        "--loop-s",
+        str(args.loop_s),
+        "--metric-timeout",
+        str(args.metric_timeout),
+        "--out",
+        out_json,
+        "--metrics",
+        ",".join(metrics),
+    ]
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     # bytecode caching on (this machine sets PYTHONDONTWRITEBYTECODE), but the caches
@@ -160,8 +185,9 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: List[str]) -> Dict
     os.makedirs(cwd, exist_ok=True)
     t0 = time.perf_counter()
     with open(out_log, "w") as so, open(err_log, "w") as se:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -190,12 +216,15 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: List[str]) -> Dict
     elif rc != 0 or res is None:
         tail = [ln for ln in _tail(err_log, 40).splitlines() if ln.strip()]
         exc = [ln for ln in tail if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)]
-        info["error"] = f"exit code {rc}: " + ((exc[-1] if exc else " | ".join(tail[-3:]))[-500:]
-                                                 or "(no stderr)") + f" (log: {err_log})"
+        info["error"] = (
+            f"exit code {rc}: "
+            + ((exc[-1] if exc else " | ".join(tail[-3:]))[-500:] or "(no stderr)")
+            + f" (log: {err_log})"
+        )
     return info
 
 
-def fmt(metric: str, v: Optional[float]) -> str:
+def fmt(metric: str, v: float | None) -> str:
     if v is None:
         return "—"
     for m, _, unit, f, _ in METRICS:
@@ -204,7 +233,7 @@ def fmt(metric: str, v: Optional[float]) -> str:
     return str(v)
 
 
-def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return a / b
@@ -220,11 +249,11 @@ def main() -> int:
     run_dir = os.path.join(args.out_dir, f"run-{stamp}")
     os.makedirs(run_dir, exist_ok=True)
 
-    samples: Dict[str, Dict[str, List[float]]] = {n: {} for n in names}
-    errors: Dict[str, List[str]] = {n: [] for n in names}
-    meta: Dict[str, Dict[str, Any]] = {n: {} for n in names}
-    skip: Dict[str, List[str]] = {n: [] for n in names}   # metrics that hung: not retried
-    dead: set = set()                                     # impls that produced nothing at all
+    samples: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+    errors: dict[str, list[str]] = {n: [] for n in names}
+    meta: dict[str, dict[str, Any]] = {n: {} for n in names}
+    skip: dict[str, list[str]] = {n: [] for n in names}  # metrics that hung: not retried
+    dead: set = set()  # impls that produced nothing at all
     runs = []
 
     wanted = [m for m, *_ in METRICS]
@@ -232,18 +261,23 @@ def main() -> int:
         wanted = [m for m in args.metrics.split(",") if m]
 
     for p in range(args.passes):
-        order = names[p % len(names):] + names[:p % len(names)]
+        order = names[p % len(names) :] + names[: p % len(names)]
         for n in order:
             if n in dead:
                 continue
             remaining = [m for m in wanted if m not in skip[n]]
             attempt = 0
             while remaining:
-                print(f"[run_all] pass {p + 1}/{args.passes}: {n}"
-                      + (f" (restart {attempt}: {','.join(remaining)})" if attempt else "") + " ...",
-                      file=sys.stderr, flush=True)
-                info = run_one(n, args, run_dir, f"{n}.pass{p}" + (f".r{attempt}" if attempt else ""),
-                               remaining)
+                print(
+                    f"[run_all] pass {p + 1}/{args.passes}: {n}"
+                    + (f" (restart {attempt}: {','.join(remaining)})" if attempt else "")
+                    + " ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                info = run_one(
+                    n, args, run_dir, f"{n}.pass{p}" + (f".r{attempt}" if attempt else ""), remaining
+                )
                 runs.append({k: v for k, v in info.items() if k != "result"})
                 res = info["result"] or {}
                 for m, xs in (res.get("samples") or {}).items():
@@ -255,8 +289,12 @@ def main() -> int:
                         meta[n][k] = res[k]
                 if res.get("notes"):
                     meta[n].setdefault("notes", {}).update(res["notes"])
-                print(f"[run_all]   {n}: {info.get('wall_s', 0)}s"
-                      + (f", error: {info['error'][:300]}" if info["error"] else ""), file=sys.stderr, flush=True)
+                print(
+                    f"[run_all]   {n}: {info.get('wall_s', 0)}s"
+                    + (f", error: {info['error'][:300]}" if info["error"] else ""),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if not info["error"]:
                     break
                 errors[n].append(f"pass {p + 1}: {info['error']}")
@@ -274,27 +312,31 @@ def main() -> int:
                 remaining = left
                 attempt += 1
 
-    med: Dict[str, Dict[str, Optional[float]]] = {
+    med: dict[str, dict[str, float | None]] = {
         n: {m: (statistics.median(samples[n][m]) if samples[n].get(m) else None) for m, *_ in METRICS}
         for n in names
     }
 
-    def get(n: str, m: str) -> Optional[float]:
+    def get(n: str, m: str) -> float | None:
         return med.get(n, {}).get(m)
 
     lines = []
-    lines.append(f"# monarch benchmark {stamp}  (passes={args.passes}, rounds/pass={args.rounds}, "
-                 f"loop={args.loop_s}s; medians of pooled samples)")
+    lines.append(
+        f"# monarch benchmark {stamp}  (passes={args.passes}, rounds/pass={args.rounds}, "
+        f"loop={args.loop_s}s; medians of pooled samples)"
+    )
     lines.append("")
     for n in names:
-        lines.append(f"- **{n}**: {meta[n].get('impl', '?')}"
-                     + (f" — `monarch` from {meta[n]['monarch_path']}" if meta[n].get("monarch_path") else ""))
+        lines.append(
+            f"- **{n}**: {meta[n].get('impl', '?')}"
+            + (f" — `monarch` from {meta[n]['monarch_path']}" if meta[n].get("monarch_path") else "")
+        )
     lines.append("")
     hdr = ["metric"] + names + ["monarch-aio / torchmonarch", "monarch-aio / ray", "target", "met?"]
     lines.append("| " + " | ".join(hdr) + " |")
     lines.append("|" + "---|" * len(hdr))
     verdicts = {}
-    for m, label, unit, _, hib in METRICS:
+    for m, label, _unit, _, _hib in METRICS:
         if args.metrics and m not in args.metrics.split(","):
             continue
         row = [f"{label} (`{m}`)"] + [fmt(m, get(n, m)) for n in names]
@@ -316,8 +358,10 @@ def main() -> int:
         verdicts[m] = verdict
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    lines.append("Ratios are monarch-aio's value divided by the peer's (for µs/s/MB lower is better; "
-                 "for calls/s, gathers/s, MB/s higher is better).")
+    lines.append(
+        "Ratios are monarch-aio's value divided by the peer's (for µs/s/MB lower is better; "
+        "for calls/s, gathers/s, MB/s higher is better)."
+    )
     any_err = False
     for n in names:
         if errors[n]:
@@ -332,8 +376,16 @@ def main() -> int:
             lines.append(f"- note {n} `{m}`: {note}")
     table = "\n".join(lines) + "\n"
 
-    summary = {"stamp": stamp, "args": vars(args), "medians": med, "samples": samples, "errors": errors,
-               "meta": meta, "runs": runs, "verdicts": verdicts}
+    summary = {
+        "stamp": stamp,
+        "args": vars(args),
+        "medians": med,
+        "samples": samples,
+        "errors": errors,
+        "meta": meta,
+        "runs": runs,
+        "verdicts": verdicts,
+    }
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     with open(os.path.join(run_dir, "summary.md"), "w") as f:

@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import monarch.actor
 from monarch.actor import Actor, ActorError, SupervisionError, endpoint, this_host
@@ -61,21 +63,18 @@ class Trainer(Actor):
         finally:
             dist.destroy_process_group()
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def train(cfg: Config, nproc: int = 2, max_restarts: int = 2) -> float:
-    """The controller: run the mesh, catch a rank failure, restart the group."""
-    # A crashed process is reported to whoever owns the mesh: here the client itself. The
-    # pending call fails with SupervisionError, which the loop below handles, so the
-    # default hook (exit the client) is replaced with a note.
-    monarch.actor.unhandled_fault_hook = lambda failure: print(f"[controller] {failure.report().splitlines()[0]}")
-    for attempt in range(max_restarts + 1):
-        port = free_port()  # a fresh rendezvous for every attempt
-        env = lambda point: {  # noqa: E731
+def rank_env(nproc: int, port: int, attempt: int) -> Callable[[Any], dict[str, str]]:
+    """Each rank's torch.distributed environment, as torchrun would set it."""
+
+    def env(point: Any) -> dict[str, str]:
+        return {
             "RANK": str(point.rank),
             "LOCAL_RANK": str(point.rank),
             "WORLD_SIZE": str(nproc),
@@ -84,6 +83,20 @@ def train(cfg: Config, nproc: int = 2, max_restarts: int = 2) -> float:
             "ATTEMPT": str(attempt),
             "OMP_NUM_THREADS": "1",
         }
+
+    return env
+
+
+def train(cfg: Config, nproc: int = 2, max_restarts: int = 2) -> float:
+    """The controller: run the mesh, catch a rank failure, restart the group."""
+    # A crashed process is reported to whoever owns the mesh: here the client itself. The
+    # pending call fails with SupervisionError, which the loop below handles, so the
+    # default hook (exit the client) is replaced with a note.
+    monarch.actor.unhandled_fault_hook = lambda failure: print(
+        f"[controller] {failure.report().splitlines()[0]}"
+    )
+    for attempt in range(max_restarts + 1):
+        env = rank_env(nproc, free_port(), attempt)  # a fresh rendezvous for every attempt
         procs = this_host().spawn_procs(per_host={"gpus": nproc}, env=env)
         trainers = procs.spawn("trainers", Trainer)
         try:
@@ -109,7 +122,9 @@ def main() -> None:
     parser.add_argument("--crash", action="store_true", help="kill rank's process instead of raising")
     parser.add_argument("--max-restarts", type=int, default=2)
     args = parser.parse_args()
-    cfg = Config(args.epochs, args.steps, fail_rank=args.fail_rank, fail_attempt=args.fail_attempt, crash=args.crash)
+    cfg = Config(
+        args.epochs, args.steps, fail_rank=args.fail_rank, fail_attempt=args.fail_attempt, crash=args.crash
+    )
     train(cfg, nproc=args.nproc, max_restarts=args.max_restarts)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -34,7 +34,9 @@ def make_data(rank: int, world: int, n: int = 512) -> tuple[torch.Tensor, torch.
     return x[rank::world], y[rank::world]
 
 
-def fit(epochs: int, steps: int, lr: float = 0.01, on_epoch_end: Callable[[int], None] | None = None) -> float:
+def fit(
+    epochs: int, steps: int, lr: float = 0.01, on_epoch_end: Callable[[int], None] | None = None
+) -> float:
     """The training loop, on the default process group; returns the final averaged loss.
 
     ``examples/ddp_actor_mesh.py`` calls this same function from an actor endpoint.

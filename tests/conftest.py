@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -38,7 +38,11 @@ def monarch_processes() -> list[psutil.Process]:
 def wait_for_no_monarch_processes(before: set[int], timeout: float = 10.0) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
     while True:
-        left = [p for p in monarch_processes() if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = [
+            p
+            for p in monarch_processes()
+            if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        ]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)

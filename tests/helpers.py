@@ -4,7 +4,8 @@ for its conftest)."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 import pytest

@@ -8,8 +8,8 @@ import os
 import re
 import sys
 
-import cloudpickle
 import actors
+import cloudpickle
 import psutil
 import pytest
 
@@ -22,9 +22,9 @@ from monarch.actor import (
     Future,
     Point,
     ValueMesh,
+    concurrent_endpoint,
     context,
     current_rank,
-    concurrent_endpoint,
     endpoint,
     send,
     this_proc,

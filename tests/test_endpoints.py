@@ -7,8 +7,8 @@ import os
 import sys
 import threading
 
-import cloudpickle
 import actors
+import cloudpickle
 import pytest
 
 from monarch.actor import (

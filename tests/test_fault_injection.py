@@ -18,13 +18,14 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import cloudpickle
 import pytest
+from helpers import wait_gone, wait_until
 
 import monarch.actor
-from helpers import wait_gone, wait_until
 from monarch.actor import Actor, MeshFailure, SupervisionError, context, endpoint, this_host
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -186,7 +187,9 @@ def test_random_sigkills_during_traffic(seed: int, hook: HookCounter) -> None:
         print(f"seed {seed}: killed {killed}, {outcomes.returned} returned, {outcomes.raised} raised")
         assert outcomes.returned > 0 and outcomes.raised > 0
         expected = {(name, r): 1 for name in names for r in killed}
-        wait_until(lambda: hook.snapshot() == expected, DEADLINE_S, f"hook counts {expected}, got {hook.snapshot()}")
+        wait_until(
+            lambda: hook.snapshot() == expected, DEADLINE_S, f"hook counts {expected}, got {hook.snapshot()}"
+        )
         # ... and no second report of the same (mesh, rank) trickles in afterwards.
         window = time.monotonic() + 0.5
         while time.monotonic() < window:
@@ -224,7 +227,13 @@ def test_random_sigkills_reach_the_owning_actor_once(seed: int, hook: HookCounte
             pending = []
             for i in range(rng.randint(2, 6)):
                 target, ranks = random_target(rng, mesh)
-                pending.append((target.work.call(rng.uniform(0.0, 0.02)), ranks, f"round {round_no} #{i}: {sorted(ranks)}"))
+                pending.append(
+                    (
+                        target.work.call(rng.uniform(0.0, 0.02)),
+                        ranks,
+                        f"round {round_no} #{i}: {sorted(ranks)}",
+                    )
+                )
             if round_no in kill_rounds:
                 victim = rng.choice(sorted(set(range(PROCS)) - set(killed)))
                 os.kill(pids[victim], signal.SIGKILL)

@@ -12,7 +12,11 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "getting_started
 
 def test_getting_started_example_runs() -> None:
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=90, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        [sys.executable, str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout

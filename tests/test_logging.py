@@ -45,12 +45,19 @@ def option(mesh, **kw):
 """
 
 
-def run_client(tmp_path: Path, body: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_client(
+    tmp_path: Path, body: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "client.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
     full_env = {**os.environ, "MONARCH_LOG_DIR": str(tmp_path / "logs"), **(env or {})}
     return subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=tmp_path
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=tmp_path,
     )
 
 
@@ -61,14 +68,19 @@ def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[st
 
 
 def test_default_output_reaches_the_client_unprefixed(tmp_path: Path) -> None:
-    proc = ok(run_client(tmp_path, """
+    proc = ok(
+        run_client(
+            tmp_path,
+            """
         procs = this_host().spawn_procs(per_host={"gpus": 2})
         t = procs.spawn("t", Talker)
         t.say.call(2, "plain out").get()
         t.say.call(1, "plain err", True).get()
         flush_worker_output()
         print("CLIENT END")
-    """))
+    """,
+        )
+    )
     out_lines = proc.stdout.splitlines()
     assert out_lines.count("plain out") == 4
     assert out_lines.index("CLIENT END") == 4  # the barrier made them visible first
@@ -77,7 +89,10 @@ def test_default_output_reaches_the_client_unprefixed(tmp_path: Path) -> None:
 
 
 def test_similar_lines_are_aggregated_within_the_window(tmp_path: Path) -> None:
-    proc = ok(run_client(tmp_path, """
+    proc = ok(
+        run_client(
+            tmp_path,
+            """
         procs = this_host().spawn_procs(per_host={"gpus": 2})
         t = procs.spawn("t", Talker)
         import io
@@ -102,7 +117,9 @@ def test_similar_lines_are_aggregated_within_the_window(tmp_path: Path) -> None:
             assert time.monotonic() - start < 20
             time.sleep(0.01)
         print(f"WINDOW CLOSED after {time.monotonic() - start:.2f} s", file=sys.stderr)
-    """))
+    """,
+        )
+    )
     out = proc.stdout.splitlines()
     assert out == ["[10 similar log lines] aggregated log line"]
     assert proc.stderr.splitlines().count("[6 similar log lines] an error line") == 1
@@ -111,7 +128,10 @@ def test_similar_lines_are_aggregated_within_the_window(tmp_path: Path) -> None:
 
 
 def test_numbers_do_not_make_lines_different(tmp_path: Path) -> None:
-    proc = ok(run_client(tmp_path, """
+    proc = ok(
+        run_client(
+            tmp_path,
+            """
         class Stepper(Actor):
             @endpoint
             def steps(self) -> None:
@@ -125,12 +145,17 @@ def test_numbers_do_not_make_lines_different(tmp_path: Path) -> None:
         s.steps.call().get()
         flush_worker_output()
         print("CLIENT END")
-    """))
+    """,
+        )
+    )
     assert proc.stdout.splitlines() == ["[4 similar log lines] step 0 loss=1.000", "done", "CLIENT END"]
 
 
 def test_window_none_flushes_then_lines_come_as_they_are(tmp_path: Path) -> None:
-    proc = ok(run_client(tmp_path, """
+    proc = ok(
+        run_client(
+            tmp_path,
+            """
         procs = this_host().spawn_procs(per_host={"gpus": 2})
         t = procs.spawn("t", Talker)
         option(procs, stream_to_client=True, aggregate_window_sec=60)
@@ -139,13 +164,18 @@ def test_window_none_flushes_then_lines_come_as_they_are(tmp_path: Path) -> None
         t.say.call(2, "later line").get()
         flush_worker_output()
         print("CLIENT END")
-    """))
+    """,
+        )
+    )
     out = proc.stdout.splitlines()
     assert out == ["[10 similar log lines] aggregated log line"] + ["later line"] * 4 + ["CLIENT END"]
 
 
 def test_stream_off_goes_back_to_direct_output(tmp_path: Path) -> None:
-    proc = ok(run_client(tmp_path, """
+    proc = ok(
+        run_client(
+            tmp_path,
+            """
         procs = this_host().spawn_procs(per_host={"gpus": 2})
         t = procs.spawn("t", Talker)
         option(procs, stream_to_client=True, aggregate_window_sec=60)
@@ -154,7 +184,9 @@ def test_stream_off_goes_back_to_direct_output(tmp_path: Path) -> None:
         t.say.call(5, "direct again").get()
         flush_worker_output()
         print("CLIENT END")
-    """))
+    """,
+        )
+    )
     out = proc.stdout.splitlines()
     # turning streaming off wrote what the window held; later lines are not aggregated
     assert out[0] == "[4 similar log lines] streamed"
@@ -162,7 +194,10 @@ def test_stream_off_goes_back_to_direct_output(tmp_path: Path) -> None:
 
 
 def test_level_filters_python_logging_but_not_print(tmp_path: Path) -> None:
-    proc = ok(run_client(tmp_path, """
+    proc = ok(
+        run_client(
+            tmp_path,
+            """
         procs = this_host().spawn_procs(per_host={"gpus": 2})
         t = procs.spawn("t", Talker)
         option(procs, stream_to_client=True, aggregate_window_sec=None, level=logging.FATAL)
@@ -172,7 +207,9 @@ def test_level_filters_python_logging_but_not_print(tmp_path: Path) -> None:
         t.log.call(logging.ERROR, "forwarded error").get()
         t.log.call(logging.WARNING, "filtered warning").get()
         flush_worker_output()
-    """))
+    """,
+        )
+    )
     assert proc.stdout.splitlines().count("printed regardless") == 2
     assert "filtered" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.endswith("forwarded error")]
@@ -181,18 +218,26 @@ def test_level_filters_python_logging_but_not_print(tmp_path: Path) -> None:
 
 
 def test_prefix_with_rank(tmp_path: Path) -> None:
-    proc = ok(run_client(tmp_path, """
+    proc = ok(
+        run_client(
+            tmp_path,
+            """
         procs = this_host().spawn_procs(per_host={"hosts": 1, "gpus": 2})
         t = procs.spawn("t", Talker)
         option(procs, stream_to_client=True, aggregate_window_sec=None, prefix_with_rank=True)
         t.slice(gpus=1).say.call(1, "from one").get()
         flush_worker_output()
-    """))
+    """,
+        )
+    )
     assert proc.stdout.splitlines() == ["[hosts=0,gpus=1] from one"]
 
 
 def test_python_logging_in_actors_names_the_actor_and_can_be_switched_off(tmp_path: Path) -> None:
-    proc = ok(run_client(tmp_path, """
+    proc = ok(
+        run_client(
+            tmp_path,
+            """
         import importlib
         import monarch.actor
         cfg = getattr(monarch.actor, "config", None) or importlib.import_module("monarch._src.actor.config")
@@ -216,17 +261,28 @@ def test_python_logging_in_actors_names_the_actor_and_can_be_switched_off(tmp_pa
         procs2 = this_host().spawn_procs(per_host={"gpus": 1})  # spawned with the switch off
         procs2.spawn("remote2", Logs).go.call_one("unprefixed worker").get()
         flush_worker_output()
-    """))
+    """,
+        )
+    )
     out = proc.stdout.splitlines()
-    assert any(line.startswith("[actor=<root>.<__main__.Logs here") and line.endswith("] in the client") for line in out)
-    assert any(line.startswith("[actor=<root>.<__main__.Logs remote") and line.endswith("] in a worker") for line in out)
+    assert any(
+        line.startswith("[actor=<root>.<__main__.Logs here") and line.endswith("] in the client")
+        for line in out
+    )
+    assert any(
+        line.startswith("[actor=<root>.<__main__.Logs remote") and line.endswith("] in a worker")
+        for line in out
+    )
     assert any(line.startswith("[actor=") and line.endswith("] 50% done") for line in out)
     assert "outside any actor" in out and "unprefixed" in out and "unprefixed worker" in out
     assert "" in out  # an empty message stays empty
 
 
 def test_partial_lines_and_control_lines_in_the_same_stream(tmp_path: Path) -> None:
-    proc = ok(run_client(tmp_path, """
+    proc = ok(
+        run_client(
+            tmp_path,
+            """
         procs = this_host().spawn_procs(per_host={"gpus": 1})
         t = procs.spawn("t", Talker)
         t.write.call("abc").get()
@@ -235,13 +291,17 @@ def test_partial_lines_and_control_lines_in_the_same_stream(tmp_path: Path) -> N
         t.write.call("tail without newline").get()
         procs.stop().get()
         print("CLIENT END")
-    """))
+    """,
+        )
+    )
     assert "abcdef" in proc.stdout
     assert proc.stdout.index("tail without newline") < proc.stdout.index("CLIENT END")
 
 
 def test_output_of_a_crashing_worker_comes_before_the_failure_report(tmp_path: Path) -> None:
-    proc = run_client(tmp_path, """
+    proc = run_client(
+        tmp_path,
+        """
         class Crash(Actor):
             @endpoint
             def die(self) -> None:
@@ -251,7 +311,8 @@ def test_output_of_a_crashing_worker_comes_before_the_failure_report(tmp_path: P
         procs = this_host().spawn_procs(per_host={"gpus": 1})
         procs.spawn("c", Crash).die.broadcast()
         time.sleep(30)  # ended by the unhandled failure
-    """)
+    """,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Unhandled monarch error" in proc.stderr
     assert proc.stderr.index("last words") < proc.stderr.index("Unhandled monarch error")
@@ -295,7 +356,9 @@ def test_framework_logs_go_to_a_file_per_process_not_the_terminal(tmp_path: Path
 
 def test_a_client_that_never_reads_its_stdout_does_not_stall_workers(tmp_path: Path) -> None:
     script = tmp_path / "client.py"
-    script.write_text(PRELUDE + textwrap.dedent("""
+    script.write_text(
+        PRELUDE
+        + textwrap.dedent("""
         class Flood(Actor):
             @endpoint
             def flood(self, n: int) -> float:
@@ -308,7 +371,8 @@ def test_a_client_that_never_reads_its_stdout_does_not_stall_workers(tmp_path: P
         procs = this_host().spawn_procs(per_host={"gpus": 1})
         took = procs.spawn("f", Flood).flood.call_one(300_000).get()
         print(f"FLOODED in {took:.2f}s", file=sys.stderr, flush=True)
-    """))
+    """)
+    )
     env = {**os.environ, "MONARCH_LOG_DIR": str(tmp_path / "logs")}
     proc = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path
@@ -333,29 +397,41 @@ def test_a_client_that_never_reads_its_stdout_does_not_stall_workers(tmp_path: P
     assert proc.returncode == 0, (err + rest).decode()
     text = out.decode()
     notices = [line for line in text.splitlines() if line.startswith("[monarch: ")]
-    assert notices and all(line.endswith(" lines from anon0 rank 0 dropped]") or "dropped]" in line for line in notices)
+    assert notices and all(
+        line.endswith(" lines from anon0 rank 0 dropped]") or "dropped]" in line for line in notices
+    )
     dropped = sum(int(line.split()[1]) for line in notices)
     shown = sum(1 for line in text.splitlines() if line.startswith("x" * 70))
     assert dropped > 0 and shown + dropped == 300_000
 
 
 def test_logging_option_rejects_bad_arguments(tmp_path: Path) -> None:
-    proc = ok(run_client(tmp_path, """
+    proc = ok(
+        run_client(
+            tmp_path,
+            """
         procs = this_host().spawn_procs(per_host={"gpus": 1})
         for kw in ({"level": 256}, {"level": -1}, {"aggregate_window_sec": -1}, {"aggregate_window_sec": "3"}):
             try:
                 option(procs, stream_to_client=True, **kw)
             except ValueError as e:
                 print("ValueError:", e)
-    """))
+    """,
+        )
+    )
     out = proc.stdout.splitlines()
     assert out[:2] == ["ValueError: Invalid logging level: 256", "ValueError: Invalid logging level: -1"]
-    assert len(out) == 4 and all(line.startswith("ValueError: Invalid aggregate_window_sec") for line in out[2:])
+    assert len(out) == 4 and all(
+        line.startswith("ValueError: Invalid aggregate_window_sec") for line in out[2:]
+    )
 
 
 def test_notebook_cell_output_is_flushed_before_the_cell_returns(tmp_path: Path) -> None:
     pytest.importorskip("IPython")
-    proc = ok(run_client(tmp_path, '''
+    proc = ok(
+        run_client(
+            tmp_path,
+            """
         from IPython.core.interactiveshell import InteractiveShell
 
         shell = InteractiveShell.instance()
@@ -373,7 +449,9 @@ def test_notebook_cell_output_is_flushed_before_the_cell_returns(tmp_path: Path)
             assert result.success, result.error_in_exec
             print(f"CELL {i} RETURNED", flush=True)
             print(f"CELL {i} RETURNED", file=sys.stderr, flush=True)
-    '''))
+    """,
+        )
+    )
     out = proc.stdout.splitlines()
     assert out.index("CELL 0 RETURNED") == 6 and out.count("direct from a worker") == 6, out
     assert out.index("[10 similar log lines] aggregated in a cell") < out.index("CELL 1 RETURNED")

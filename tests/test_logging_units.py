@@ -52,7 +52,13 @@ def test_ranks_prefixes_with_different_numbers_still_group() -> None:
 
 def test_an_aggregator_reports_full_before_memory_grows() -> None:
     agg = Aggregator()
-    agg.add_text(1, "".join(f"distinct line {chr(65 + i % 26)}{chr(65 + i // 26 % 26)}{chr(65 + i // 676)}\n" for i in range(MAX_GROUPS)))
+    agg.add_text(
+        1,
+        "".join(
+            f"distinct line {chr(65 + i % 26)}{chr(65 + i // 26 % 26)}{chr(65 + i // 676)}\n"
+            for i in range(MAX_GROUPS)
+        ),
+    )
     assert agg.full
 
 
@@ -97,7 +103,11 @@ def test_level_names(monkeypatch: pytest.MonkeyPatch) -> None:
     assert problems == []
     monkeypatch.setenv("MONARCH_FILE_LOG", "chatty")
     assert framework_log.parse_level("MONARCH_FILE_LOG", logging.INFO, problems) == logging.INFO
-    assert len(problems) == 1 and "MONARCH_FILE_LOG='chatty'" in problems[0] and "TRACE, DEBUG, INFO, WARN, ERROR" in problems[0]
+    assert (
+        len(problems) == 1
+        and "MONARCH_FILE_LOG='chatty'" in problems[0]
+        and "TRACE, DEBUG, INFO, WARN, ERROR" in problems[0]
+    )
 
 
 def test_actor_prefix_keeps_percent_formatting() -> None:

@@ -57,7 +57,13 @@ def test_8mib_bytes_round_trip(store):
     assert type(out) is bytes
     assert out == data
     name, n, head, tail, h = store.describe.call_one(data).get(timeout=30)
-    assert (name, n, head, tail, h) == ("bytes", MIB8, data[:16], data[-16:], hashlib.sha256(data).hexdigest())
+    assert (name, n, head, tail, h) == (
+        "bytes",
+        MIB8,
+        data[:16],
+        data[-16:],
+        hashlib.sha256(data).hexdigest(),
+    )
 
 
 def test_8mib_bytearray_round_trip(store):
@@ -133,6 +139,8 @@ def test_import_monarch_actor_with_torch_blocked():
         "print(m.f.call_one(21).get(timeout=10))\n"
     )
     env = dict(os.environ)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=REPO, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=REPO, env=env
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "42"

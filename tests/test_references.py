@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
-import cloudpickle
 import actors
+import cloudpickle
 
 from monarch.actor import Actor, Channel, Port, ProcMesh, endpoint
 

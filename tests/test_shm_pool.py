@@ -102,7 +102,12 @@ CHILD_PRELUDE = (
 def _run_child(body: str, **env: str) -> list[str]:
     code = CHILD_PRELUDE + body + "pm.stop().get(timeout=10)\n"
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO, env=dict(os.environ, **env)
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=dict(os.environ, **env),
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split()

@@ -17,14 +17,15 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-import cloudpickle
 import actors
+import cloudpickle
 import pytest
+from helpers import wait_gone, wait_until
 
 import monarch.actor
-from helpers import wait_gone, wait_until
 from monarch.actor import (
     Actor,
     ActorError,
@@ -278,7 +279,13 @@ class Wrapper(Actor):
 
 def _failure_record(failure: MeshFailure) -> dict[str, Any]:
     # MeshFailure is not picklable: owners hand back what the tests look at.
-    return {"mesh_name": failure.mesh_name, "ranks": list(failure.crashed_ranks), "report": failure.report(), "str": str(failure), "at": time.time()}
+    return {
+        "mesh_name": failure.mesh_name,
+        "ranks": list(failure.crashed_ranks),
+        "report": failure.report(),
+        "str": str(failure),
+        "at": time.time(),
+    }
 
 
 class Owner(Actor):
@@ -291,7 +298,9 @@ class Owner(Actor):
         self.own_procs: Any = None
 
     @endpoint
-    def spawn_children(self, procs: Any, name: str, cls: type = Worker, args: tuple = (), ready: bool = True) -> Any:
+    def spawn_children(
+        self, procs: Any, name: str, cls: type = Worker, args: tuple = (), ready: bool = True
+    ) -> Any:
         self.children = procs.spawn(name, cls, *args)
         if ready:
             # Our own messages follow our spawn; a third party's may overtake it (see
@@ -475,7 +484,9 @@ FAILURE_SOURCES = {
 
 
 @pytest.mark.parametrize("source", list(FAILURE_SOURCES))
-def test_failure_source_reaches_client_hook_within_a_second(source: str, procs: Any, faults: FaultRecorder) -> None:
+def test_failure_source_reaches_client_hook_within_a_second(
+    source: str, procs: Any, faults: FaultRecorder
+) -> None:
     trigger, cause = FAILURE_SOURCES[source]
     pm = procs(1)
     name = f"victim_{source.replace('-', '_')}"
@@ -532,7 +543,9 @@ def test_endpoint_exception_with_a_caller_is_not_a_fault(procs: Any, faults: Fau
 # -- 4. callers never hang ---------------------------------------------------------------------
 
 
-def test_pending_call_on_killed_proc_raises_naming_mesh_endpoint_and_signal(procs: Any, faults: FaultRecorder) -> None:
+def test_pending_call_on_killed_proc_raises_naming_mesh_endpoint_and_signal(
+    procs: Any, faults: FaultRecorder
+) -> None:
     pm = procs(1)
     mesh = pm.spawn("sleeper", Worker)
     pid = mesh.pid.call_one().get(timeout=DEADLINE_S)
@@ -651,7 +664,9 @@ def test_spawning_on_a_dead_proc_is_reported(procs: Any, faults: FaultRecorder) 
 
 
 def _seen(actor: Any, count: int, what: str) -> list[dict[str, Any]]:
-    return wait_until(lambda: (lambda s: len(s) >= count and s)(actor.seen.call_one().get(timeout=DEADLINE_S)), what=what)
+    return wait_until(
+        lambda: (lambda s: len(s) >= count and s)(actor.seen.call_one().get(timeout=DEADLINE_S)), what=what
+    )
 
 
 def test_failures_go_to_the_owner_not_to_reference_holders(procs: Any, faults: FaultRecorder) -> None:
@@ -764,7 +779,9 @@ def test_unhandled_failure_propagates_to_the_owners_owner(procs: Any, faults: Fa
 def test_three_level_tree_grandparent_handles(procs: Any, faults: FaultRecorder) -> None:
     pm = procs(2)
     grand = pm.slice(gpus=0).spawn("grandparent", Owner, "handled")
-    parent = grand.spawn_children.call_one(pm.slice(gpus=1), "parent", Owner, ("propagate",)).get(timeout=DEADLINE_S)
+    parent = grand.spawn_children.call_one(pm.slice(gpus=1), "parent", Owner, ("propagate",)).get(
+        timeout=DEADLINE_S
+    )
     children = parent.spawn_children.call_one(pm, "leaf").get(timeout=DEADLINE_S)
     children.slice(gpus=0).raise_base.broadcast("a leaf broke")
     (seen,) = _seen(grand, 1, "the grandparent to be told")
@@ -861,7 +878,9 @@ def test_proc_mesh_stop_runs_cleanup(faults: FaultRecorder) -> None:
         mesh = pm.spawn("cleaned_by_proc_stop", WithCleanup, counter)
         assert set(mesh.check.call().get(timeout=DEADLINE_S).values()) == {"alive"}
         pm.stop().get(timeout=DEADLINE_S)
-        wait_until(lambda: counter.value.call_one().get(timeout=DEADLINE_S) == 2, what="both __cleanup__ calls")
+        wait_until(
+            lambda: counter.value.call_one().get(timeout=DEADLINE_S) == 2, what="both __cleanup__ calls"
+        )
         with pytest.raises(SupervisionError):
             mesh.check.call().get(timeout=DEADLINE_S)
         with pytest.raises(RuntimeError, match="`ProcMesh` has already been stopped"):
@@ -904,7 +923,10 @@ def test_instance_stop_stops_only_that_actor(procs: Any, faults: FaultRecorder) 
     try:
         mesh = pm.spawn("self_stopper", WithCleanup, counter)
         assert mesh.stop_self.call_one().get(timeout=DEADLINE_S) == "stopping"
-        wait_until(lambda: counter.value.call_one().get(timeout=DEADLINE_S) == 1, what="__cleanup__ after Instance.stop()")
+        wait_until(
+            lambda: counter.value.call_one().get(timeout=DEADLINE_S) == 1,
+            what="__cleanup__ after Instance.stop()",
+        )
 
         def call_fails() -> bool:
             try:
@@ -919,8 +941,12 @@ def test_instance_stop_stops_only_that_actor(procs: Any, faults: FaultRecorder) 
         counter.stop().get(timeout=DEADLINE_S)
 
 
-@pytest.mark.parametrize("reason, expected", [("the data is corrupt", "the data is corrupt"), (None, "no reason provided")])
-def test_abort_reports_the_reason(reason: str | None, expected: str, procs: Any, faults: FaultRecorder) -> None:
+@pytest.mark.parametrize(
+    "reason, expected", [("the data is corrupt", "the data is corrupt"), (None, "no reason provided")]
+)
+def test_abort_reports_the_reason(
+    reason: str | None, expected: str, procs: Any, faults: FaultRecorder
+) -> None:
     pm = procs(1)
     mesh = pm.spawn("aborter", Worker)
     mesh.abort.call_one(reason).get(timeout=DEADLINE_S)
@@ -970,7 +996,11 @@ def test_stopping_an_owner_stops_the_meshes_it_owns(procs: Any, faults: FaultRec
         wrapper = pm.spawn("wrapper", Wrapper, counter, pm)
         assert wrapper.check.call_one().get(timeout=DEADLINE_S) == ["alive", "alive"]
         wrapper.stop().get(timeout=DEADLINE_S)
-        wait_until(lambda: counter.value.call_one().get(timeout=DEADLINE_S) == 2, timeout=3, what="both owned meshes' __cleanup__")
+        wait_until(
+            lambda: counter.value.call_one().get(timeout=DEADLINE_S) == 2,
+            timeout=3,
+            what="both owned meshes' __cleanup__",
+        )
     finally:
         counter.stop().get(timeout=DEADLINE_S)
 
@@ -1015,7 +1045,9 @@ atexit.register(lambda: print("ATEXIT-RAN", flush=True))
 def run_script(body: str, timeout: float = 40.0) -> subprocess.CompletedProcess[str]:
     code = SCRIPT_HEADER + textwrap.dedent(body)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def test_default_hook_ends_client_with_code_1_and_runs_atexit() -> None:

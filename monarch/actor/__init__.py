@@ -25,10 +25,10 @@ from monarch._src.actor.port import Channel as Channel
 from monarch._src.actor.port import Port as Port
 from monarch._src.actor.port import PortReceiver as PortReceiver
 from monarch._src.actor.proc_mesh import ProcMesh as ProcMesh
-from monarch._src.actor.supervision import MeshFailure as MeshFailure
-from monarch._src.actor.supervision import unhandled_fault_hook as unhandled_fault_hook
 from monarch._src.actor.proc_mesh import get_or_spawn_controller as get_or_spawn_controller
 from monarch._src.actor.proc_mesh import this_proc as this_proc
+from monarch._src.actor.supervision import MeshFailure as MeshFailure
+from monarch._src.actor.supervision import unhandled_fault_hook as unhandled_fault_hook
 from monarch._src.host.host_mesh import HostMesh as HostMesh
 from monarch._src.host.host_mesh import shutdown_context as shutdown_context
 from monarch._src.host.host_mesh import this_host as this_host

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 import pytest
-
 from launch_helpers import Scripts
 
 
@@ -42,5 +41,3 @@ def scripts(tmp_path: Path) -> Iterator[Scripts]:
         except psutil.NoSuchProcess:
             pass
     assert not left, f"processes left behind: {[(p.pid, p.info['cmdline']) for p in left]}"
-
-

@@ -57,7 +57,9 @@ class Run:
     seconds: float
 
     def __repr__(self) -> str:
-        return f"Run(rc={self.rc}, {self.seconds:.2f} s)\n--- stdout ---\n{self.out}\n--- stderr ---\n{self.err}"
+        return (
+            f"Run(rc={self.rc}, {self.seconds:.2f} s)\n--- stdout ---\n{self.out}\n--- stderr ---\n{self.err}"
+        )
 
 
 def _kill_tree(proc: subprocess.Popen[str]) -> None:
@@ -72,7 +74,9 @@ def _kill_tree(proc: subprocess.Popen[str]) -> None:
             pass
 
 
-def run_cmd(argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 60, cwd: str | Path | None = None) -> Run:
+def run_cmd(
+    argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 60, cwd: str | Path | None = None
+) -> Run:
     start = time.monotonic()
     proc = _popen(argv, env, cwd)
     try:
@@ -94,7 +98,9 @@ def torchrun(*args: str, **kw: object) -> Run:
     return run_cmd([TORCHRUN, *args], **kw)  # type: ignore[arg-type]
 
 
-def start_launcher(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None) -> subprocess.Popen[str]:
+def start_launcher(
+    *args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None
+) -> subprocess.Popen[str]:
     return _popen([sys.executable, "-m", "monarch.launch", *args], env, cwd)
 
 

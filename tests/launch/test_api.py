@@ -12,7 +12,12 @@ from monarch.launch import ChildFailedError, SPMDLauncher, WorkerExit, run_spmd,
 
 
 def identity() -> tuple[int, str, str, str]:
-    return int(os.environ["RANK"]), os.environ["WORLD_SIZE"], os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ.get("EXTRA", "")
+    return (
+        int(os.environ["RANK"]),
+        os.environ["WORLD_SIZE"],
+        os.environ["TORCHELASTIC_RESTART_COUNT"],
+        os.environ.get("EXTRA", ""),
+    )
 
 
 def scaled(x: int, *, times: int = 1) -> int:

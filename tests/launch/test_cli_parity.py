@@ -84,10 +84,27 @@ GOOD_ARGV: list[list[str]] = [
     ["--nproc-per-node=4", "s.py", "a", "--b", "-m"],
     ["--nproc_per_node", "auto", "s.py"],
     ["--nproc-per=2", "s.py"],
-    ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "host:1234", "--rdzv-id",
-     "job", "--rdzv-conf", "join_timeout=5,last_call_timeout=1", "s.py"],
-    ["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=[::1]:5", "--rdzv_id=x",
-     "--rdzv_conf=a=b", "s.py"],
+    [
+        "--nnodes",
+        "1:2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "host:1234",
+        "--rdzv-id",
+        "job",
+        "--rdzv-conf",
+        "join_timeout=5,last_call_timeout=1",
+        "s.py",
+    ],
+    [
+        "--nnodes=2",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=[::1]:5",
+        "--rdzv_id=x",
+        "--rdzv_conf=a=b",
+        "s.py",
+    ],
     ["--standalone", "s.py"],
     ["--stand", "s.py"],
     ["--max-restarts", "3", "--monitor-interval", "0.5", "--start-method", "fork", "s.py"],
@@ -102,17 +119,21 @@ GOOD_ARGV: list[list[str]] = [
     ["--log-dir", "/tmp/x", "-r", "3", "-t", "0:1,1:2", "s.py"],
     ["--log_dir=/dev/null", "--redirects=1", "--tee=2", "s.py"],
     ["-r3", "-t0", "s.py"],
-    ["--local-ranks-filter", "0,1", "--duplicate-stdout-filters", "a,,b,c",
-     "--duplicate-stderr-filters", "", "s.py"],
-    ["--local_ranks_filter=x", "--duplicate_stdout_filters=,", "--duplicate_stderr_filters=q",
-     "s.py"],
-    ["--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29511",
-     "--local-addr", "me", "s.py"],
+    [
+        "--local-ranks-filter",
+        "0,1",
+        "--duplicate-stdout-filters",
+        "a,,b,c",
+        "--duplicate-stderr-filters",
+        "",
+        "s.py",
+    ],
+    ["--local_ranks_filter=x", "--duplicate_stdout_filters=,", "--duplicate_stderr_filters=q", "s.py"],
+    ["--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29511", "--local-addr", "me", "s.py"],
     ["--node_rank=0", "--master_addr=localhost", "--master_port=0", "--local_addr=a", "s.py"],
     ["--logs-specs", "default", "--numa-binding", "socket", "s.py"],
     ["--logs_specs=nope", "--numa_binding=core-complex", "s.py"],
-    ["--signals-to-handle", "SIGTERM,SIGUSR1", "--shutdown-timeout", "5",
-     "--virtual-local-rank", "s.py"],
+    ["--signals-to-handle", "SIGTERM,SIGUSR1", "--shutdown-timeout", "5", "--virtual-local-rank", "s.py"],
     ["--signals_to_handle=", "--shutdown_timeout=-1", "--virtual_local_rank", "s.py"],
     ["--", "s.py"],
     ["s.py", "--", "x"],
@@ -157,10 +178,17 @@ PET_CASES: list[tuple[dict[str, str], list[str]]] = [
     ({"PET_NNODES": "", "PET_RDZV_ID": ""}, ["s.py"]),
     ({"PET_START_METHOD": "bogus"}, ["s.py"]),
     ({"PET_SHUTDOWN_TIMEOUT": "7", "PET_SIGNALS_TO_HANDLE": "SIGUSR1"}, ["s.py"]),
-    ({"PET_REDIRECTS": "3", "PET_TEE": "0:1", "PET_LOG_DIR": "/x",
-      "PET_LOCAL_RANKS_FILTER": "1"}, ["s.py"]),
-    ({"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "h:1", "PET_RDZV_CONF": "a=1",
-      "PET_LOCAL_ADDR": "me", "PET_EVENT_LOG_HANDLER": "console"}, ["s.py"]),
+    ({"PET_REDIRECTS": "3", "PET_TEE": "0:1", "PET_LOG_DIR": "/x", "PET_LOCAL_RANKS_FILTER": "1"}, ["s.py"]),
+    (
+        {
+            "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": "h:1",
+            "PET_RDZV_CONF": "a=1",
+            "PET_LOCAL_ADDR": "me",
+            "PET_EVENT_LOG_HANDLER": "console",
+        },
+        ["s.py"],
+    ),
     ({"PET_TRAINING_SCRIPT": "other.py", "PET_TRAINING_SCRIPT_ARGS": "z"}, ["s.py"]),
 ]
 
@@ -306,27 +334,48 @@ CONFIG_CASES: list[tuple[dict[str, str], list[str]]] = [
     ({}, ["--nproc-per-node= 2", "--standalone", "--rdzv-id=ignored", "s.py"]),
     ({}, ["--master-port=29511", "--nproc-per-node=2", "s.py"]),
     ({}, ["--nnodes=2", "--node-rank=1", "--master-addr=10.1.2.3", "s.py"]),
-    ({}, ["--nnodes=1:4", "--rdzv-backend=c10d", "--rdzv-endpoint=h:5", "--rdzv-id=j",
-          "--rdzv-conf=join_timeout=5, last_call_timeout = 1 ,timeout=7", "--node-rank=2", "s.py"]),
+    (
+        {},
+        [
+            "--nnodes=1:4",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=h:5",
+            "--rdzv-id=j",
+            "--rdzv-conf=join_timeout=5, last_call_timeout = 1 ,timeout=7",
+            "--node-rank=2",
+            "s.py",
+        ],
+    ),
     ({}, ["--rdzv-backend=c10d", "s.py"]),
     ({}, ["--rdzv-backend=static", "--rdzv-endpoint=[::1]:29501", "s.py"]),
-    ({}, ["--nproc-per-node=4", "-r", "0:3,1:2,7:1", "-t", "2", "--local-ranks-filter=0, 2",
-          "s.py"]),
+    ({}, ["--nproc-per-node=4", "-r", "0:3,1:2,7:1", "-t", "2", "--local-ranks-filter=0, 2", "s.py"]),
     ({}, ["--log-dir=LOGDIR", "--duplicate-stdout-filters=a,,b", "--logs-specs=default", "s.py"]),
     ({}, ["--log-dir=/dev/null", "--numa-binding=node", "--event-log-handler=console", "s.py"]),
-    ({}, ["--max-restarts=2", "--monitor-interval=0.25", "--start-method=fork", "--role=r",
-          "--local-addr=10.0.0.9", "s.py"]),
-    ({}, ["--signals-to-handle=SIGTERM, SIGUSR1,NOPE", "--shutdown-timeout=0",
-          "--virtual-local-rank", "s.py"]),
-    ({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "600", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]"},
-     ["s.py"]),
+    (
+        {},
+        [
+            "--max-restarts=2",
+            "--monitor-interval=0.25",
+            "--start-method=fork",
+            "--role=r",
+            "--local-addr=10.0.0.9",
+            "s.py",
+        ],
+    ),
+    (
+        {},
+        ["--signals-to-handle=SIGTERM, SIGUSR1,NOPE", "--shutdown-timeout=0", "--virtual-local-rank", "s.py"],
+    ),
+    (
+        {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "600", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]"},
+        ["s.py"],
+    ),
     ({"PYTHON_EXEC": "/usr/bin/python3"}, ["s.py", "a"]),
     ({"PYTHON_EXEC": "/usr/bin/python3"}, ["-m", "mod"]),
     ({}, ["--no-python", "/bin/echo", "hi"]),
     ({}, ["--run-path", "--no-python", "-m", "/abs/s.py", "q"]),
     ({"PET_MODULE": "0", "PET_NO_PYTHON": "1"}, ["/bin/true"]),
-    ({"PET_NNODES": "1:1", "PET_NPROC_PER_NODE": "2", "PET_STANDALONE": "1", "PET_ROLE": "pet"},
-     ["s.py"]),
+    ({"PET_NNODES": "1:1", "PET_NPROC_PER_NODE": "2", "PET_STANDALONE": "1", "PET_ROLE": "pet"}, ["s.py"]),
     ({}, ["--rdzv-id=", "--master-port=1", "s.py"]),
     ({}, ["--rdzv-conf=timeout=5,rank=9", "--master-port=29500", "--node-rank=0", "s.py"]),
     ({"OMP_NUM_THREADS": "7"}, ["--nproc-per-node=2", "s.py"]),
@@ -365,9 +414,18 @@ def test_config_matches_torchrun(
         assert ours.rdzv_id == theirs.run_id
     else:  # torchrun replaces an empty id later, in launch_agent, with uuid4().int
         assert ours.rdzv_id.isdigit() and any("run_id" in n for n in ours.notices)
-    for name in ("max_restarts", "monitor_interval", "start_method", "role", "local_addr",
-                 "event_log_handler", "signals_to_handle", "virtual_local_rank",
-                 "shutdown_timeout", "log_line_prefix_template"):
+    for name in (
+        "max_restarts",
+        "monitor_interval",
+        "start_method",
+        "role",
+        "local_addr",
+        "event_log_handler",
+        "signals_to_handle",
+        "virtual_local_rank",
+        "shutdown_timeout",
+        "log_line_prefix_template",
+    ):
         assert getattr(ours, name) == getattr(theirs, name), name
     assert list(ours.duplicate_stdout_filters) == theirs.duplicate_stdout_filters
     assert list(ours.duplicate_stderr_filters) == theirs.duplicate_stderr_filters
@@ -495,8 +553,7 @@ LATE_ERROR_CASES: list[list[str]] = [
     ["--master-port=PORT", "--rdzv-conf=timeout=abc", "s.py"],
     ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-conf=read_timeout=0", "s.py"],
     ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-conf=is_host=maybe", "s.py"],
-    ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-conf=store_type=redis",
-     "s.py"],
+    ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-conf=store_type=redis", "s.py"],
     ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:99999", "s.py"],
     ["--standalone", "--rdzv-conf=join_timeout=0,last_call_timeout=x", "s.py"],
     ["--standalone", "--rdzv-conf=close_timeout=-5", "s.py"],
@@ -527,8 +584,12 @@ def test_late_errors_match_real_torchrun(tmp_path: Path, torchrun: Any) -> None:
     if not torchrun_bin.exists():
         pytest.skip("no torchrun next to the interpreter")
     (tmp_path / "s.py").write_text("raise SystemExit(0)\n")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
-           "TMPDIR": str(tmp_path), "LANG": "C.UTF-8"}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+        "LANG": "C.UTF-8",
+    }
     cases = []
     for argv in LATE_ERROR_CASES:
         argv = [a.replace("PORT", str(_free_port())) for a in argv]
@@ -536,8 +597,12 @@ def test_late_errors_match_real_torchrun(tmp_path: Path, torchrun: Any) -> None:
     procs = [
         subprocess.Popen(
             [str(torchrun_bin), "--log-dir", str(tmp_path / "logs"), *argv],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         for argv in cases
     ]
@@ -600,7 +665,11 @@ def test_defaults_single_node() -> None:
     assert (c.min_nodes, c.max_nodes, c.nproc_per_node) == (1, 1, 1)
     assert c.auto_standalone and not c.standalone
     assert (c.rdzv_backend, c.rdzv_endpoint, c.rdzv_host, c.rdzv_port) == (
-        "c10d", "localhost:0", "localhost", 0)
+        "c10d",
+        "localhost:0",
+        "localhost",
+        0,
+    )
     assert _is_uuid4(c.rdzv_id)
     assert c.rdzv_configs == {"timeout": 900}
     assert c.master_port == 29500 and c.master_addr == "127.0.0.1"
@@ -619,12 +688,12 @@ def test_master_port_keeps_static() -> None:
 
 
 def test_c10d_default_port_and_notices() -> None:
-    c = parse_args(["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0",
-                    "--node-rank=1", "s.py"], environ={})
+    c = parse_args(
+        ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0", "--node-rank=1", "s.py"], environ={}
+    )
     assert (c.rdzv_host, c.rdzv_port) == ("node0", 29400)
     assert any("node_rank is only used" in n for n in c.notices)
-    c = parse_args(["--rdzv-backend=c10d", "--signals-to-handle=SIGTERM,SIGKILL,FOO", "s.py"],
-                   environ={})
+    c = parse_args(["--rdzv-backend=c10d", "--signals-to-handle=SIGTERM,SIGKILL,FOO", "s.py"], environ={})
     assert any("master_addr is only used" in n for n in c.notices)
     assert sum("Failed to register signal handler" in n for n in c.notices) == 2
     import signal
@@ -651,8 +720,19 @@ def test_local_ranks_filter_is_a_set() -> None:
 
 def test_cuda_visible_devices_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "_physical_cuda_devices", lambda: ["GPU-aaa", "GPU-bbb", "GPU-ccc"])
-    cases = {None: 3, "": 0, "-1": 0, "0,1": 2, "2,0": 2, "1,7,0": 1, "0,0": 1, "GPU-b": 1,
-             "GPU-b,GPU-a,2": 3, "GPU-zz,0": 0, "junk": 0}
+    cases = {
+        None: 3,
+        "": 0,
+        "-1": 0,
+        "0,1": 2,
+        "2,0": 2,
+        "1,7,0": 1,
+        "0,0": 1,
+        "GPU-b": 1,
+        "GPU-b,GPU-a,2": 3,
+        "GPU-zz,0": 0,
+        "junk": 0,
+    }
     for visible, expected in cases.items():
         env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
         assert cuda_device_count(env) == expected, visible

@@ -44,7 +44,9 @@ def _tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
 
 
-def _run_both(tmp_path: Path, scripts, name: str, body: str, flags: list[str], *extra: str, timeout: float = 90):
+def _run_both(
+    tmp_path: Path, scripts, name: str, body: str, flags: list[str], *extra: str, timeout: float = 90
+):
     script = scripts.write(name, body)
     results: dict[str, tuple[Run, Path, Path]] = {}
     for who, launch in (("torchrun", torchrun), ("monarch", monarch_launch)):
@@ -80,12 +82,22 @@ def test_worker_environment_logs_and_prefixes_match(tmp_path, scripts, rdzv):
         assert differing == [], {k: (te[k], me[k]) for k in differing}
         # The error file sits at the same place of the same layout.
         tail = lambda p: Path(p).parts[-3:]  # noqa: E731
-        assert tail(me["TORCHELASTIC_ERROR_FILE"]) == tail(te["TORCHELASTIC_ERROR_FILE"]) == ("attempt_0", str(rank), "error.json")
-        run_t, run_m = Path(te["TORCHELASTIC_ERROR_FILE"]).parts[-4], Path(me["TORCHELASTIC_ERROR_FILE"]).parts[-4]
+        assert (
+            tail(me["TORCHELASTIC_ERROR_FILE"])
+            == tail(te["TORCHELASTIC_ERROR_FILE"])
+            == ("attempt_0", str(rank), "error.json")
+        )
+        run_t, run_m = (
+            Path(te["TORCHELASTIC_ERROR_FILE"]).parts[-4],
+            Path(me["TORCHELASTIC_ERROR_FILE"]).parts[-4],
+        )
         for run_dir, run_id in ((run_m, me["TORCHELASTIC_RUN_ID"]), (run_t, te["TORCHELASTIC_RUN_ID"])):
             assert run_dir.startswith(run_id + "_") and len(run_dir) == len(run_id) + 9  # <run_id>_<rand8>
     if rdzv == "static":
-        assert me["MASTER_PORT"] == te["MASTER_PORT"] and me["TORCHELASTIC_RUN_ID"] == te["TORCHELASTIC_RUN_ID"] == "none"
+        assert (
+            me["MASTER_PORT"] == te["MASTER_PORT"]
+            and me["TORCHELASTIC_RUN_ID"] == te["TORCHELASTIC_RUN_ID"] == "none"
+        )
 
     assert _tree(logs_m) == _tree(logs_t)
     assert _worker_lines(rm.out) == _worker_lines(rt.out)
@@ -131,7 +143,9 @@ def _summary(err: str) -> tuple[str, list[tuple[str, ...]], str]:
 
 @pytest.mark.timeout(120)
 def test_failure_exit_code_and_summary_match(tmp_path, scripts):
-    res = _run_both(tmp_path, scripts, "failing.py", FAILING_WITH_RECORD, ["--nproc-per-node=3", "--log-dir", "{LOGS}"])
+    res = _run_both(
+        tmp_path, scripts, "failing.py", FAILING_WITH_RECORD, ["--nproc-per-node=3", "--log-dir", "{LOGS}"]
+    )
     (rt, _, _), (rm, _, _) = res["torchrun"], res["monarch"]
     assert rt.rc == rm.rc == 1, (rt, rm)
     title_t, blocks_t, root_t = _summary(rt.err)
@@ -160,7 +174,13 @@ if rank == "1" and int(count) < 2:
 
 @pytest.mark.timeout(120)
 def test_restart_counts_and_attempt_dirs_match(tmp_path, scripts):
-    res = _run_both(tmp_path, scripts, "flaky.py", FLAKY, ["--nproc-per-node=2", "--max-restarts=3", "--log-dir", "{LOGS}"])
+    res = _run_both(
+        tmp_path,
+        scripts,
+        "flaky.py",
+        FLAKY,
+        ["--nproc-per-node=2", "--max-restarts=3", "--log-dir", "{LOGS}"],
+    )
     (rt, out_t, logs_t), (rm, out_m, logs_m) = res["torchrun"], res["monarch"]
     assert rt.rc == rm.rc == 0, (rt, rm)
     seen_t = {p.name: p.read_text() for p in out_t.iterdir()}
@@ -184,8 +204,17 @@ def test_ddp_final_loss_matches_after_a_restart_and_as_an_actor_mesh(tmp_path, s
     # Ours crashes rank 1 on the first attempt and restarts: a fresh rendezvous makes the
     # restart work (torchrun 2.13's stale store can hang there), and training from the
     # same seed gives the same loss.
-    rm = monarch_launch("--nproc-per-node=2", "--max-restarts=1", "--kill-grace-period=5", *args,
-                        "--fail-rank", "1", "--fail-attempt", "0", timeout=150)
+    rm = monarch_launch(
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "--kill-grace-period=5",
+        *args,
+        "--fail-rank",
+        "1",
+        "--fail-attempt",
+        "0",
+        timeout=150,
+    )
     assert rm.rc == 0, rm
     final_t = re.findall(r"final loss (\S+) \(world size 2, attempt 0\)", rt.out)
     final_m = re.findall(r"final loss (\S+) \(world size 2, attempt 1\)", rm.out)

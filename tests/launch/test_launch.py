@@ -115,7 +115,10 @@ def test_launcher_does_not_import_torch(scripts, tmp_path):
     script = scripts.write("p.py", "print('hi')\n")
     r = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "monarch.launch", script],
-        capture_output=True, text=True, env=clean_env(), timeout=60,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
     )
     assert r.returncode == 0, r.stderr
     imported = re.findall(r"\|\s+(\S+)\s*$", r.stderr, re.MULTILINE)
@@ -135,7 +138,9 @@ def test_module_run_path_and_no_python(scripts, tmp_path):
     assert r.rc == 0, r
     assert sorted(r.out.split("\n")[:2]) == ["module __main__ 0 ['a', 'b']", "module __main__ 1 ['a', 'b']"]
 
-    script = scripts.write("runpath.py", "import os\nif os.environ['RANK'] == '1':\n    raise KeyError('rp')\n")
+    script = scripts.write(
+        "runpath.py", "import os\nif os.environ['RANK'] == '1':\n    raise KeyError('rp')\n"
+    )
     r = monarch_launch("--nproc-per-node", "2", "--run-path", script)
     assert r.rc == 1, r
     assert "run_script_path FAILED" in r.err
@@ -226,7 +231,9 @@ def test_restarts_get_incremented_count_and_a_fresh_rendezvous(scripts, tmp_path
     )
     out, logs = tmp_path / "out", tmp_path / "logs"
     out.mkdir()
-    r = monarch_launch("--nproc-per-node", "2", "--max-restarts", "3", "--log-dir", str(logs), script, str(out))
+    r = monarch_launch(
+        "--nproc-per-node", "2", "--max-restarts", "3", "--log-dir", str(logs), script, str(out)
+    )
     assert r.rc == 0, r
     seen = {p.name: p.read_text().split() for p in out.iterdir()}
     assert sorted(seen) == ["r0-a0", "r0-a1", "r0-a2", "r1-a0", "r1-a1", "r1-a2"]
@@ -264,11 +271,18 @@ def test_error_file_contents_in_summary_and_parent_error_file(scripts, tmp_path)
     )
     parent = tmp_path / "parent.json"
     r = monarch_launch(
-        "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), script,
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        script,
         env=clean_env(TORCHELASTIC_ERROR_FILE=str(parent)),
     )
     assert r.rc == 1, r
-    assert re.search(r"error_file: \S+/attempt_0/1/error\.json\n  traceback : Traceback \(most recent call last\):\n    File ", r.err)
+    assert re.search(
+        r"error_file: \S+/attempt_0/1/error\.json\n  traceback : Traceback \(most recent call last\):\n    File ",
+        r.err,
+    )
     assert "\n  ValueError: boom from rank 1\n" in r.err
     data = json.loads(parent.read_text())
     assert data["message"]["message"] == "ValueError: boom from rank 1"
@@ -306,8 +320,14 @@ def test_signals_are_forwarded_and_launcher_exits_1(scripts, tmp_path, sig):
     logs = tmp_path / "logs"
     proc = start_launcher("--nproc-per-node", "2", "--log-dir", str(logs), "-r", "1", script)
     workers = _wait_ready(proc, 2)
-    wait_until(lambda: len(list(logs.glob("*/attempt_0/*/stdout.log"))) == 2 and all(
-        "ready" in p.read_text() for p in logs.glob("*/attempt_0/*/stdout.log")), 30, "ready")
+    wait_until(
+        lambda: (
+            len(list(logs.glob("*/attempt_0/*/stdout.log"))) == 2
+            and all("ready" in p.read_text() for p in logs.glob("*/attempt_0/*/stdout.log"))
+        ),
+        30,
+        "ready",
+    )
     os.kill(proc.pid, sig)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 1, err
@@ -369,8 +389,14 @@ def test_sigusr1_prints_every_ranks_stack(scripts, tmp_path):
     logs = tmp_path / "logs"
     proc = start_launcher("--nproc-per-node", "2", "--log-dir", str(logs), "-t", "1", script)
     _wait_ready(proc, 2)
-    wait_until(lambda: all("ready" in p.read_text() for p in logs.glob("*/attempt_0/*/stdout.log"))
-               and len(list(logs.glob("*/attempt_0/*/stdout.log"))) == 2, 30, "ready")
+    wait_until(
+        lambda: (
+            all("ready" in p.read_text() for p in logs.glob("*/attempt_0/*/stdout.log"))
+            and len(list(logs.glob("*/attempt_0/*/stdout.log"))) == 2
+        ),
+        30,
+        "ready",
+    )
     try:
         os.kill(proc.pid, signal.SIGUSR1)
         err_lines: list[str] = []
@@ -384,7 +410,9 @@ def test_sigusr1_prints_every_ranks_stack(scripts, tmp_path):
         dump = "".join(err_lines)
         for rank in (0, 1):
             assert f"[rank{rank}]: Thread MainThread (most recent call last):" in dump, dump
-            assert re.search(rf"\[rank{rank}\]:   File \"{re.escape(script)}\", line \d+, in stuck_in_here", dump)
+            assert re.search(
+                rf"\[rank{rank}\]:   File \"{re.escape(script)}\", line \d+, in stuck_in_here", dump
+            )
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
@@ -427,15 +455,35 @@ print(f"needle in rank{r}")
 def test_redirects_write_exact_bytes_to_torchrun_layout(scripts, tmp_path):
     script = scripts.write("out.py", OUTPUT)
     logs = tmp_path / "logs"
-    r = monarch_launch("--nproc-per-node", "2", "--log-dir", str(logs), "-r", "3",
-                       "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", "job7", script)
+    r = monarch_launch(
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        str(logs),
+        "-r",
+        "3",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "localhost:0",
+        "--rdzv-id",
+        "job7",
+        script,
+    )
     assert r.rc == 0, r
     assert "rank" not in r.out and "err-line1" not in r.err
     (run_dir,) = logs.iterdir()
     assert re.fullmatch(r"job7_[a-z0-9_]{8}", run_dir.name)
     files = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
-    assert files == ["attempt_0", "attempt_0/0", "attempt_0/0/stderr.log", "attempt_0/0/stdout.log",
-                     "attempt_0/1", "attempt_0/1/stderr.log", "attempt_0/1/stdout.log"]
+    assert files == [
+        "attempt_0",
+        "attempt_0/0",
+        "attempt_0/0/stderr.log",
+        "attempt_0/0/stdout.log",
+        "attempt_0/1",
+        "attempt_0/1/stderr.log",
+        "attempt_0/1/stdout.log",
+    ]
     assert (run_dir / "attempt_0/1/stdout.log").read_text() == "out-line1 from rank1\nneedle in rank1\n"
     assert (run_dir / "attempt_0/0/stderr.log").read_text() == "err-line1 from rank0\n"
 
@@ -446,8 +494,20 @@ def test_tee_prefixes_lines_and_duplicate_filters(scripts, tmp_path, template):
     script = scripts.write("out.py", OUTPUT)
     logs = tmp_path / "logs"
     env = clean_env(**({"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": template} if template else {}))
-    r = monarch_launch("--nproc-per-node", "2", "--role", "trainer", "--log-dir", str(logs), "-t", "3",
-                       "--duplicate-stdout-filters", "needle", script, env=env)
+    r = monarch_launch(
+        "--nproc-per-node",
+        "2",
+        "--role",
+        "trainer",
+        "--log-dir",
+        str(logs),
+        "-t",
+        "3",
+        "--duplicate-stdout-filters",
+        "needle",
+        script,
+        env=env,
+    )
     assert r.rc == 0, r
     prefix = (lambda lr: f"[trainer{lr}]:") if template is None else (lambda lr: f"[trainer|{lr}|{lr}] ")
     for lr in (0, 1):
@@ -467,7 +527,9 @@ def test_local_ranks_filter(scripts, tmp_path):
     assert "out-line1 from rank0" in r.out and "rank1" not in r.out and "rank1" not in r.err
 
     logs = tmp_path / "logs"
-    r = monarch_launch("--nproc-per-node", "2", "-t", "3", "--local-ranks-filter", "1", "--log-dir", str(logs), script)
+    r = monarch_launch(
+        "--nproc-per-node", "2", "-t", "3", "--local-ranks-filter", "1", "--log-dir", str(logs), script
+    )
     assert r.rc == 0, r
     assert "[default1]:out-line1 from rank1" in r.out and "rank0" not in r.out
     (run_dir,) = logs.iterdir()
@@ -480,8 +542,17 @@ def test_no_temporary_directory_is_left_behind(scripts, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     before = set(os.listdir(tmp))
-    r = monarch_launch("--nproc-per-node", "2", "-r", "3", "--summary", "--hang-timeout", "30", script,
-                       env=clean_env(TMPDIR=str(tmp)))
+    r = monarch_launch(
+        "--nproc-per-node",
+        "2",
+        "-r",
+        "3",
+        "--summary",
+        "--hang-timeout",
+        "30",
+        script,
+        env=clean_env(TMPDIR=str(tmp)),
+    )
     assert r.rc == 0, r
     left = [n for n in set(os.listdir(tmp)) - before if not n.startswith("monarch-")]
     assert left == [], left  # torchrun leaves a torchelastic_* directory per run

@@ -16,9 +16,13 @@ from monarch._src.launch.store import VALIDATE_MAGIC, StoreServer
 def _client(port: int, body: str, timeout: float = 60) -> str:
     """Run torch's own TCPStore client against the server, in a separate process."""
     pytest.importorskip("torch")
-    code = "import datetime, torch.distributed as dist\n" + (
-        f"c = dist.TCPStore('localhost', {port}, is_master=False, timeout=datetime.timedelta(seconds=10))\n"
-    ) + textwrap.dedent(body)
+    code = (
+        "import datetime, torch.distributed as dist\n"
+        + (
+            f"c = dist.TCPStore('localhost', {port}, is_master=False, timeout=datetime.timedelta(seconds=10))\n"
+        )
+        + textwrap.dedent(body)
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr
     return r.stdout
@@ -69,19 +73,27 @@ def test_torch_client_operations():
 def test_a_waiting_client_is_woken_by_another():
     with StoreServer("127.0.0.1", 0) as store:
         waiter = subprocess.Popen(
-            [sys.executable, "-c", (
-                "import datetime, torch.distributed as dist\n"
-                f"c = dist.TCPStore('127.0.0.1', {store.port}, is_master=False, timeout=datetime.timedelta(seconds=30))\n"
-                "c.set('waiting', b'1'); print(c.get('key'))\n"
-            )],
-            stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import datetime, torch.distributed as dist\n"
+                    f"c = dist.TCPStore('127.0.0.1', {store.port}, is_master=False, timeout=datetime.timedelta(seconds=30))\n"
+                    "c.set('waiting', b'1'); print(c.get('key'))\n"
+                ),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
-            _client(store.port, """
+            _client(
+                store.port,
+                """
                 import time
                 c.wait(["waiting"])
                 c.set("key", b"value")
-                """)
+                """,
+            )
             out, _ = waiter.communicate(timeout=30)
         finally:
             if waiter.poll() is None:

@@ -34,16 +34,30 @@ from monarch._src.launch.worker_env import (
 )
 
 TORCHRUN_KEYS = {
-    "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
-    "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "LOCAL_RANK",
-    "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
+    "RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "LOCAL_RANK",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
 }
 
 
-def _vars(argv: list[str], local_rank: int, parent: dict[str, str] | None = None,
-          **kw: Any) -> dict[str, str]:
+def _vars(
+    argv: list[str], local_rank: int, parent: dict[str, str] | None = None, **kw: Any
+) -> dict[str, str]:
     env = {} if parent is None else parent
     config = parse_args(argv, environ=env)
     kw.setdefault("master_addr", default_master_addr(config))
@@ -54,18 +68,33 @@ def _vars(argv: list[str], local_rank: int, parent: dict[str, str] | None = None
 
 def test_spec_2_1_observed_rank1_of_two() -> None:
     """Section 2.1: ``torchrun --nproc-per-node=2 fullenv.py``, rank 1."""
-    got = _vars(["--nproc-per-node=2", "fullenv.py"], 1, master_addr="localhost",
-                master_port=33931, run_id="c5499a6d-ae92-4097-b255-57dd92cd8dfd",
-                error_file="/t/attempt_0/1/error.json")
+    got = _vars(
+        ["--nproc-per-node=2", "fullenv.py"],
+        1,
+        master_addr="localhost",
+        master_port=33931,
+        run_id="c5499a6d-ae92-4097-b255-57dd92cd8dfd",
+        error_file="/t/attempt_0/1/error.json",
+    )
     assert got == {
-        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "localhost", "MASTER_PORT": "33931", "OMP_NUM_THREADS": "1",
-        "RANK": "1", "ROLE_NAME": "default", "ROLE_RANK": "1", "ROLE_WORLD_SIZE": "2",
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "localhost",
+        "MASTER_PORT": "33931",
+        "OMP_NUM_THREADS": "1",
+        "RANK": "1",
+        "ROLE_NAME": "default",
+        "ROLE_RANK": "1",
+        "ROLE_WORLD_SIZE": "2",
         "TORCHELASTIC_ERROR_FILE": "/t/attempt_0/1/error.json",
-        "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_RUN_ID": "c5499a6d-ae92-4097-b255-57dd92cd8dfd",
         "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-        "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "WORLD_SIZE": "2",
     }
 
@@ -83,38 +112,69 @@ def test_default_run_id_is_the_generated_uuid() -> None:
         # nproc 1: no OMP_NUM_THREADS, no banner.
         (["x.py"], 0, {}, {"OMP_NUM_THREADS": None, "WORLD_SIZE": "1", "RANK": "0"}),
         # nproc 3: OMP_NUM_THREADS=1, ranks 0..2.
-        (["--nproc-per-node=3", "x.py"], 2, {},
-         {"OMP_NUM_THREADS": "1", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3", "RANK": "2"}),
+        (
+            ["--nproc-per-node=3", "x.py"],
+            2,
+            {},
+            {"OMP_NUM_THREADS": "1", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3", "RANK": "2"},
+        ),
         # A user value passes through unchanged.
         (["--nproc-per-node=3", "x.py"], 0, {"OMP_NUM_THREADS": "4"}, {"OMP_NUM_THREADS": "4"}),
         # TORCH_NCCL_ASYNC_ERROR_HANDLING defaults to 1 and honours a parent 0.
-        (["x.py"], 0, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"},
-         {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}),
+        (["x.py"], 0, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}),
         # Static: MASTER_ADDR/PORT from the flags, run id "none".
-        (["--master-port=29511", "--nproc-per-node=2", "x.py"], 1, {},
-         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "TORCHELASTIC_RUN_ID": "none",
-          "TORCHELASTIC_USE_AGENT_STORE": "True"}),
+        (
+            ["--master-port=29511", "--nproc-per-node=2", "x.py"],
+            1,
+            {},
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29511",
+                "TORCHELASTIC_RUN_ID": "none",
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+            },
+        ),
         # Role and restart budget.
-        (["--role=trainer", "--max-restarts=3", "x.py"], 0, {},
-         {"ROLE_NAME": "trainer", "TORCHELASTIC_MAX_RESTARTS": "3"}),
+        (
+            ["--role=trainer", "--max-restarts=3", "x.py"],
+            0,
+            {},
+            {"ROLE_NAME": "trainer", "TORCHELASTIC_MAX_RESTARTS": "3"},
+        ),
         # CUDA_VISIBLE_DEVICES passes through in normal mode.
-        (["--nproc-per-node=2", "x.py"], 1, {"CUDA_VISIBLE_DEVICES": "3,4"},
-         {"CUDA_VISIBLE_DEVICES": "3,4", "LOCAL_RANK": "1"}),
+        (
+            ["--nproc-per-node=2", "x.py"],
+            1,
+            {"CUDA_VISIBLE_DEVICES": "3,4"},
+            {"CUDA_VISIBLE_DEVICES": "3,4", "LOCAL_RANK": "1"},
+        ),
         # Virtual local rank: LOCAL_RANK 0, one device each from the parent list.
-        (["--virtual-local-rank", "--nproc-per-node=2", "x.py"], 1,
-         {"CUDA_VISIBLE_DEVICES": "5, 7"}, {"CUDA_VISIBLE_DEVICES": "7", "LOCAL_RANK": "0",
-                                            "RANK": "1"}),
-        (["--virtual-local-rank", "--nproc-per-node=2", "x.py"], 1, {},
-         {"CUDA_VISIBLE_DEVICES": "1", "LOCAL_RANK": "0"}),
+        (
+            ["--virtual-local-rank", "--nproc-per-node=2", "x.py"],
+            1,
+            {"CUDA_VISIBLE_DEVICES": "5, 7"},
+            {"CUDA_VISIBLE_DEVICES": "7", "LOCAL_RANK": "0", "RANK": "1"},
+        ),
+        (
+            ["--virtual-local-rank", "--nproc-per-node=2", "x.py"],
+            1,
+            {},
+            {"CUDA_VISIBLE_DEVICES": "1", "LOCAL_RANK": "0"},
+        ),
         # Signals list leaks in verbatim.
-        (["--signals-to-handle=SIGTERM,SIGUSR1", "x.py"], 0, {},
-         {"TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGUSR1"}),
+        (
+            ["--signals-to-handle=SIGTERM,SIGUSR1", "x.py"],
+            0,
+            {},
+            {"TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGUSR1"},
+        ),
         # PET_* variables are ordinary inherited variables, not added keys.
         (["x.py"], 0, {"PET_ROLE": "pet"}, {"ROLE_NAME": "pet", "PET_ROLE": None}),
     ],
 )
-def test_documented_values(argv: list[str], local_rank: int, parent: dict[str, str],
-                           expected: dict[str, str | None]) -> None:
+def test_documented_values(
+    argv: list[str], local_rank: int, parent: dict[str, str], expected: dict[str, str | None]
+) -> None:
     got = _vars(argv, local_rank, parent)
     assert TORCHRUN_KEYS <= set(got)
     for key, value in expected.items():
@@ -129,18 +189,30 @@ def test_restart_count_and_agent_store_flag() -> None:
 
 def test_virtual_local_rank_with_too_few_devices() -> None:
     with pytest.raises(LaunchConfigError, match="exceeds available GPUs"):
-        _vars(["--virtual-local-rank", "--nproc-per-node=2", "x.py"], 1,
-              {"CUDA_VISIBLE_DEVICES": "5"})
+        _vars(["--virtual-local-rank", "--nproc-per-node=2", "x.py"], 1, {"CUDA_VISIBLE_DEVICES": "5"})
 
 
 def test_static_two_nodes_from_spec_5_2() -> None:
     """Section 5.2: node 1 of 2, 2 workers each: RANK 2,3, GROUP_RANK 1, WORLD_SIZE 4."""
-    argv = ["--nnodes=2", "--node-rank=1", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-            "--master-port=29560", "mn.py"]
+    argv = [
+        "--nnodes=2",
+        "--node-rank=1",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        "--master-port=29560",
+        "mn.py",
+    ]
     config = parse_args(argv, environ={})
     envs = [
-        worker_env_vars(config, lr, node_rank=config.node_rank, master_addr=config.master_addr,
-                        master_port=config.master_port, error_file="", parent_env={})
+        worker_env_vars(
+            config,
+            lr,
+            node_rank=config.node_rank,
+            master_addr=config.master_addr,
+            master_port=config.master_port,
+            error_file="",
+            parent_env={},
+        )
         for lr in range(2)
     ]
     assert [e["RANK"] for e in envs] == ["2", "3"]
@@ -149,7 +221,8 @@ def test_static_two_nodes_from_spec_5_2() -> None:
     assert {e["GROUP_WORLD_SIZE"] for e in envs} == {"2"}
     assert [e["ROLE_RANK"] for e in envs] == ["2", "3"]
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["TORCHELASTIC_RUN_ID"]) for e in envs} == {
-        ("127.0.0.1", "29560", "none")}
+        ("127.0.0.1", "29560", "none")
+    }
 
 
 def test_heterogeneous_nodes_use_offsets() -> None:
@@ -157,12 +230,22 @@ def test_heterogeneous_nodes_use_offsets() -> None:
     sizes = [1, 2, 3]
     ranks = []
     for node, size in enumerate(sizes):
-        config = parse_args(["--nnodes=3", "--rdzv-backend=c10d", "--rdzv-endpoint=h",
-                             f"--nproc-per-node={size}", "x.py"], environ={})
+        config = parse_args(
+            ["--nnodes=3", "--rdzv-backend=c10d", "--rdzv-endpoint=h", f"--nproc-per-node={size}", "x.py"],
+            environ={},
+        )
         for lr in range(size):
-            env = worker_env_vars(config, lr, node_rank=node, rank_offset=sum(sizes[:node]),
-                                  world_size=sum(sizes), master_addr="h", master_port=1,
-                                  error_file="", parent_env={})
+            env = worker_env_vars(
+                config,
+                lr,
+                node_rank=node,
+                rank_offset=sum(sizes[:node]),
+                world_size=sum(sizes),
+                master_addr="h",
+                master_port=1,
+                error_file="",
+                parent_env={},
+            )
             assert env["WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "6"
             assert env["LOCAL_WORLD_SIZE"] == str(size)
             ranks.append(int(env["RANK"]))
@@ -173,12 +256,21 @@ def test_elastic_needs_round_size_and_ranks_are_checked() -> None:
     config = parse_args(["--nnodes=1:2", "--rdzv-backend=c10d", "x.py"], environ={})
     with pytest.raises(ValueError, match="group_world_size"):
         worker_env_vars(config, 0, master_addr="h", master_port=1, error_file="", parent_env={})
-    got = worker_env_vars(config, 0, group_world_size=2, node_rank=1, master_addr="h",
-                          master_port=1, error_file="", parent_env={})
+    got = worker_env_vars(
+        config,
+        0,
+        group_world_size=2,
+        node_rank=1,
+        master_addr="h",
+        master_port=1,
+        error_file="",
+        parent_env={},
+    )
     assert (got["RANK"], got["WORLD_SIZE"], got["GROUP_WORLD_SIZE"]) == ("1", "2", "2")
     with pytest.raises(ValueError):
-        worker_env_vars(config, 1, group_world_size=2, master_addr="h", master_port=1,
-                        error_file="", parent_env={})
+        worker_env_vars(
+            config, 1, group_world_size=2, master_addr="h", master_port=1, error_file="", parent_env={}
+        )
 
 
 def test_helpers() -> None:
@@ -192,19 +284,18 @@ def test_helpers() -> None:
     assert timer_file_path({"TORCHELASTIC_TIMER_FILE": "/p"}) == "/p"
     made = timer_file_path({"TORCHELASTIC_ENABLE_FILE_TIMER": "1"})
     assert made is not None and os.path.basename(made).startswith("watchdog_timer_")
-    assert default_master_addr(parse_args(["--master-port=1", "--master-addr=m", "x.py"],
-                                          environ={})) == "m"
+    assert default_master_addr(parse_args(["--master-port=1", "--master-addr=m", "x.py"], environ={})) == "m"
     assert default_master_addr(parse_args(["--local-addr=me", "x.py"], environ={})) == "me"
-    got = worker_env_vars(config, 0, master_addr="h", master_port=1, error_file="",
-                          timer_file="/p", parent_env={})
+    got = worker_env_vars(
+        config, 0, master_addr="h", master_port=1, error_file="", timer_file="/p", parent_env={}
+    )
     assert got["TORCHELASTIC_TIMER_FILE"] == "/p"
 
 
 def test_worker_environ_inherits_everything() -> None:
     parent = {"SENTINEL": "x", "RANK": "99", "PATH": "/bin"}
     config = parse_args(["x.py"], environ=parent)
-    env = worker_environ(config, 0, master_addr="h", master_port=1, error_file="",
-                         parent_env=parent)
+    env = worker_environ(config, 0, master_addr="h", master_port=1, error_file="", parent_env=parent)
     assert env["SENTINEL"] == "x" and env["PATH"] == "/bin"
     assert env["RANK"] == "0"  # the per-worker keys win
     assert parent["RANK"] == "99"  # and the parent mapping is not modified
@@ -277,11 +368,18 @@ def test_run_in_process_matches_python(kind: EntryKind, tmp_path: Path) -> None:
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     env["CODE"] = "3"
-    ours = subprocess.run([sys.executable, "-c", runner], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
+    ours = subprocess.run(
+        [sys.executable, "-c", runner], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     flag = ["-m"] if kind is EntryKind.MODULE else []
-    real = subprocess.run([sys.executable, "-u", *flag, target, "a", "--b"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=60)
+    real = subprocess.run(
+        [sys.executable, "-u", *flag, target, "a", "--b"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ours.returncode == real.returncode == 3, ours.stderr
     got, want = json.loads(ours.stdout), json.loads(real.stdout)
     assert got["argv"] == want["argv"] and got["name"] == want["name"] == "__main__"
@@ -336,23 +434,51 @@ def test_environment_matches_real_torchrun(tmp_path: Path) -> None:
         pytest.skip("no torchrun next to the interpreter")
     (tmp_path / "dump.py").write_text(_DUMP)
     (tmp_path / "dumpmod.py").write_text(_DUMP)
-    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
-            "LANG": "C.UTF-8", "TMPDIR": str(tmp_path), "SENTINEL": "kept"}
+    base = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+        "TMPDIR": str(tmp_path),
+        "SENTINEL": "kept",
+    }
     port = _free_port()
     runs: list[tuple[list[str], dict[str, str]]] = [
         # The implicit single-node default: c10d on localhost:0, uuid run id.
         (["--nproc-per-node", "2", "--log-dir", "LOGS", "dump.py", "OUT"], dict(base)),
         # Static, user OMP/NCCL values, virtual local rank, role, restarts budget.
-        (["--nproc-per-node=3", "--master-addr=127.0.0.1", f"--master-port={port}",
-          "--rdzv-id=job7", "--role=trainer", "--max-restarts=2", "--virtual-local-rank",
-          "--log-dir=LOGS", "dump.py", "OUT"],
-         {**base, "OMP_NUM_THREADS": "4", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
-          "CUDA_VISIBLE_DEVICES": "5,7,9"}),
+        (
+            [
+                "--nproc-per-node=3",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "--rdzv-id=job7",
+                "--role=trainer",
+                "--max-restarts=2",
+                "--virtual-local-rank",
+                "--log-dir=LOGS",
+                "dump.py",
+                "OUT",
+            ],
+            {
+                **base,
+                "OMP_NUM_THREADS": "4",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+                "CUDA_VISIBLE_DEVICES": "5,7,9",
+            },
+        ),
         # --standalone via PET_*, a module, no log files, an inherited timer path.
-        (["-m", "dumpmod", "OUT"],
-         {**base, "PET_STANDALONE": "1", "PET_NPROC_PER_NODE": "1", "PET_LOG_DIR": os.devnull,
-          "PET_ROLE": "pet", "TORCHELASTIC_TIMER_FILE": str(tmp_path / "timer"),
-          "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM"}),
+        (
+            ["-m", "dumpmod", "OUT"],
+            {
+                **base,
+                "PET_STANDALONE": "1",
+                "PET_NPROC_PER_NODE": "1",
+                "PET_LOG_DIR": os.devnull,
+                "PET_ROLE": "pet",
+                "TORCHELASTIC_TIMER_FILE": str(tmp_path / "timer"),
+                "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM",
+            },
+        ),
     ]
     procs = []
     outs: list[Path] = []
@@ -360,11 +486,18 @@ def test_environment_matches_real_torchrun(tmp_path: Path) -> None:
         out = tmp_path / f"out{i}"
         out.mkdir()
         outs.append(out)
-        argv[:] = [a.replace("OUT", str(out)).replace("LOGS", str(tmp_path / f"logs{i}"))
-                   for a in argv]
-        procs.append(subprocess.Popen([str(torchrun), *argv], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, start_new_session=True))
+        argv[:] = [a.replace("OUT", str(out)).replace("LOGS", str(tmp_path / f"logs{i}")) for a in argv]
+        procs.append(
+            subprocess.Popen(
+                [str(torchrun), *argv],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     try:
         results = [p.communicate(timeout=100) for p in procs]
     finally:
@@ -388,10 +521,14 @@ def test_environment_matches_real_torchrun(tmp_path: Path) -> None:
             # Only these are decided at run time by torchrun.
             local_rank = int(real["RANK"])  # single node: RANK == local rank
             ours = worker_environ(
-                config, local_rank,
-                master_addr=real["MASTER_ADDR"], master_port=int(real["MASTER_PORT"]),
-                run_id=real["TORCHELASTIC_RUN_ID"], error_file=real["TORCHELASTIC_ERROR_FILE"],
-                timer_file=timer_file_path(env), parent_env=env,
+                config,
+                local_rank,
+                master_addr=real["MASTER_ADDR"],
+                master_port=int(real["MASTER_PORT"]),
+                run_id=real["TORCHELASTIC_RUN_ID"],
+                error_file=real["TORCHELASTIC_ERROR_FILE"],
+                timer_file=timer_file_path(env),
+                parent_env=env,
             )
             assert ours == real
             # ... and those runtime facts have the documented shape.
@@ -405,9 +542,11 @@ def test_environment_matches_real_torchrun(tmp_path: Path) -> None:
             if config.log_dir == os.devnull:
                 assert real["TORCHELASTIC_ERROR_FILE"] == ""
             else:
-                pattern = (rf"{re.escape(config.log_dir or '')}/"
-                           rf"{re.escape(real['TORCHELASTIC_RUN_ID'])}_[^/]+/attempt_0/"
-                           rf"{local_rank}/error\.json")
+                pattern = (
+                    rf"{re.escape(config.log_dir or '')}/"
+                    rf"{re.escape(real['TORCHELASTIC_RUN_ID'])}_[^/]+/attempt_0/"
+                    rf"{local_rank}/error\.json"
+                )
                 assert re.fullmatch(pattern, real["TORCHELASTIC_ERROR_FILE"])
             # The command line and what the script sees.
             # argv[0] may name the same interpreter through another link (python vs python3).

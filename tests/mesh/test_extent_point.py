@@ -91,9 +91,7 @@ def test_point_eq_hash_pickle() -> None:
     assert q == p and hash(q) == hash(p)
     assert p != Point(2, e)
     assert p != Point(3, Extent(["hosts", "gpus"], [2, 4]))
-    assert [Point(i, e) for i in range(4)] == pickle.loads(
-        pickle.dumps([Point(i, e) for i in range(4)])
-    )
+    assert [Point(i, e) for i in range(4)] == pickle.loads(pickle.dumps([Point(i, e) for i in range(4)]))
 
 
 def test_point_rank_validation() -> None:

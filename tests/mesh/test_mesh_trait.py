@@ -24,7 +24,7 @@ class FakeMesh(MeshTrait):
     def _shape(self) -> Shape:
         return self._the_shape
 
-    def _new_with_shape(self, shape: Shape) -> "FakeMesh":
+    def _new_with_shape(self, shape: Shape) -> FakeMesh:
         return FakeMesh(shape, self._procs)
 
     def procs(self) -> list[str]:

@@ -36,7 +36,7 @@ def endpoint_table(cls: type) -> dict[str, EndpointProperty[Any]]:
                     table[name] = attr
                 elif name in table:
                     del table[name]
-        setattr(cls, "__monarch_endpoints__", table)
+        cls.__monarch_endpoints__ = table  # type: ignore[attr-defined]
     return table
 
 
@@ -45,9 +45,7 @@ def is_async_actor(cls: type) -> bool:
     table = endpoint_table(cls)
     if table:
         return any(p.is_async for p in table.values())
-    return any(
-        is_coroutine_function(getattr(cls, hook, None)) for hook in ("__supervise__", "__cleanup__")
-    )
+    return any(is_coroutine_function(getattr(cls, hook, None)) for hook in ("__supervise__", "__cleanup__"))
 
 
 def validate_actor_class(cls: Any, args: tuple, kwargs: dict) -> None:

@@ -40,7 +40,7 @@ class ActorMesh(MeshTrait, Generic[T]):
     def _shape(self) -> Shape:
         return self._mesh_shape
 
-    def _new_with_shape(self, shape: Shape) -> "ActorMesh[T]":
+    def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
         return ActorMesh(self._class, self._mesh_name, self._key, self._addresses, shape)
 
     # -- messaging support --------------------------------------------------------------------
@@ -102,4 +102,6 @@ class ActorMesh(MeshTrait, Generic[T]):
         return (ActorMesh, (self._class, self._mesh_name, self._key, self._addresses, self._mesh_shape))
 
     def __repr__(self) -> str:
-        return f"ActorMesh(class={self._class_name}, shape={self._mesh_shape.extent}, name={self._mesh_name!r})"
+        return (
+            f"ActorMesh(class={self._class_name}, shape={self._mesh_shape.extent}, name={self._mesh_name!r})"
+        )

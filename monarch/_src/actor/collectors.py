@@ -8,7 +8,8 @@ arrival order. A collector is told when a process it waits on dies, so no caller
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from monarch._src.actor.future import Future
 from monarch._src.actor.port import PortHandler

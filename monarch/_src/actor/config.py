@@ -11,4 +11,9 @@ import os
 
 PREFIX_ENV = "MONARCH_PREFIX_PYTHON_LOGS_WITH_ACTOR"
 
-prefix_python_logs_with_actor: bool = os.environ.get(PREFIX_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+prefix_python_logs_with_actor: bool = os.environ.get(PREFIX_ENV, "1").strip().lower() not in (
+    "0",
+    "false",
+    "no",
+    "off",
+)

@@ -11,7 +11,7 @@ from monarch._src.mesh.point import Point
 if TYPE_CHECKING:
     from monarch._src.actor.instance import ActorInstance
 
-current_instance: contextvars.ContextVar["ActorInstance | None"] = contextvars.ContextVar(
+current_instance: contextvars.ContextVar[ActorInstance | None] = contextvars.ContextVar(
     "monarch_actor_instance", default=None
 )
 current_message_rank: contextvars.ContextVar[Point | None] = contextvars.ContextVar(
@@ -54,12 +54,12 @@ class Context:
 
     __slots__ = ("_instance", "_message_rank")
 
-    def __init__(self, instance: "ActorInstance", message_rank: Point) -> None:
+    def __init__(self, instance: ActorInstance, message_rank: Point) -> None:
         self._instance = instance
         self._message_rank = message_rank
 
     @property
-    def actor_instance(self) -> "ActorInstance":
+    def actor_instance(self) -> ActorInstance:
         return self._instance
 
     @property
@@ -88,5 +88,3 @@ def current_size() -> dict[str, int]:
 
 def current_actor_name() -> str:
     return str(context().actor_instance.actor_id)
-
-

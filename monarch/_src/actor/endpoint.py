@@ -7,10 +7,11 @@ The decorator only marks a method and records its options; ``ActorEndpoint`` is 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Literal, TypeVar, overload
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
-from monarch._src.actor.coroutines import is_coroutine_function
 from monarch._src.actor.collectors import GatherCollector, OnceCollector, StreamCollector
+from monarch._src.actor.coroutines import is_coroutine_function
 from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future
 from monarch._src.actor.port import Port, PortHandler
@@ -78,7 +79,9 @@ class EndpointProperty(Generic[R]):
         try:
             sig.bind(*lead, *args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"wrong arguments for endpoint {self.__name__}{_public_signature(sig, self._explicit_response_port)}: {e}") from None
+            raise TypeError(
+                f"wrong arguments for endpoint {self.__name__}{_public_signature(sig, self._explicit_response_port)}: {e}"
+            ) from None
 
 
 def _plain_arity(sig: inspect.Signature, lead: int) -> tuple[int, int] | None:
@@ -147,7 +150,7 @@ class ActorEndpoint(Generic[R]):
 
     __slots__ = ("_mesh", "_name", "_prop")
 
-    def __init__(self, mesh: "ActorMesh[Any]", name: str, prop: EndpointProperty[R]) -> None:
+    def __init__(self, mesh: ActorMesh[Any], name: str, prop: EndpointProperty[R]) -> None:
         self._mesh = mesh
         self._name = name
         self._prop = prop
@@ -189,10 +192,14 @@ class ActorEndpoint(Generic[R]):
             port_spec = None
         key, name = mesh._key, self._name
         for rank, address in dests:
-            rt.send(address, {"k": MSG_KIND, "d": key, "e": name, "p": port_spec, "r": rank, "x": extent}, bodies)
+            rt.send(
+                address, {"k": MSG_KIND, "d": key, "e": name, "p": port_spec, "r": rank, "x": extent}, bodies
+            )
         return [a for _, a in dests]
 
-    def _collect(self, collector: PortHandler, args: tuple, kwargs: dict, selection: Selection = "all") -> None:
+    def _collect(
+        self, collector: PortHandler, args: tuple, kwargs: dict, selection: Selection = "all"
+    ) -> None:
         """Send with ``collector`` as the reply port; a known-failed mesh fails it at once."""
         collector.label = f"{self._mesh._mesh_name}.{self._name}"
         try:
@@ -218,7 +225,7 @@ class ActorEndpoint(Generic[R]):
         self._collect(collector, args, kwargs, "choose")
         return collector.future
 
-    def call(self, *args: Any, **kwargs: Any) -> "Future[Any]":
+    def call(self, *args: Any, **kwargs: Any) -> Future[Any]:
         mesh = self._mesh
         collector = GatherCollector(mesh._shape_renumbered(), len(mesh))
         self._collect(collector, args, kwargs)
@@ -250,7 +257,7 @@ class ActorEndpoint(Generic[R]):
 class NotAnEndpoint:
     """What ``mesh.method`` returns for a method that lacks ``@endpoint``."""
 
-    def __init__(self, mesh: "ActorMesh[Any]", name: str) -> None:
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
         self._mesh = mesh
         self._name = name
 

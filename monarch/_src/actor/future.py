@@ -13,7 +13,8 @@ import math
 import sys
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, TypeVar
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch._src.transport.cork import flush_corked
 
@@ -25,7 +26,12 @@ R = TypeVar("R")
 _PENDING = 0
 _DONE = 1
 
-_loop_thread_ident: Callable[[], int | None] = lambda: None
+
+def _no_loop_thread() -> int | None:
+    return None
+
+
+_loop_thread_ident: Callable[[], int | None] = _no_loop_thread
 
 
 def set_loop_thread_probe(probe: Callable[[], int | None]) -> None:
@@ -44,7 +50,9 @@ def mark_sync_actor_thread() -> None:
 
 
 def _check_timeout(timeout: float | None) -> None:
-    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0 or math.isnan(timeout) or math.isinf(timeout)):
+    if timeout is not None and (
+        not isinstance(timeout, (int, float)) or timeout < 0 or math.isnan(timeout) or math.isinf(timeout)
+    ):
         raise ValueError(f"invalid timeout {timeout!r}: expected None or a finite number >= 0")
 
 
@@ -67,7 +75,7 @@ class Future(Generic[R]):
         )
 
     @classmethod
-    def _new(cls) -> "Future[R]":
+    def _new(cls) -> Future[R]:
         self = object.__new__(cls)
         self._state = _PENDING
         self._value = None
@@ -78,23 +86,23 @@ class Future(Generic[R]):
         return self
 
     @classmethod
-    def _completed(cls, value: R) -> "Future[R]":
+    def _completed(cls, value: R) -> Future[R]:
         f: Future[R] = cls._new()
         f._state, f._value = _DONE, value
         return f
 
     @classmethod
-    def _failed(cls, exc: BaseException) -> "Future[R]":
+    def _failed(cls, exc: BaseException) -> Future[R]:
         f: Future[R] = cls._new()
         f._state, f._exc = _DONE, exc
         return f
 
     @classmethod
-    def _from_coro(cls, coro: Any) -> "Future[R]":
+    def _from_coro(cls, coro: Any) -> Future[R]:
         """Run ``coro`` on the runtime loop; the future resolves with its outcome."""
-        from monarch._src.actor.proc import runtime
-
         import asyncio
+
+        from monarch._src.actor.proc import runtime
 
         f: Future[R] = cls._new()
         rt = runtime()
@@ -138,7 +146,7 @@ class Future(Generic[R]):
                 cb(self)
         return True
 
-    def _add_done_callback(self, cb: Callable[["Future[R]"], None]) -> None:
+    def _add_done_callback(self, cb: Callable[[Future[R]], None]) -> None:
         """Call ``cb(self)`` once done, on whichever thread completes it (now if done)."""
         with self._lock:
             if self._state != _DONE:
@@ -224,7 +232,7 @@ class Future(Generic[R]):
 
     # -- awaiting -------------------------------------------------------------------------------
 
-    def as_asyncio(self) -> "asyncio.Future[R]":
+    def as_asyncio(self) -> asyncio.Future[R]:
         """A fresh asyncio future on the running loop that mirrors this one (non-consuming)."""
         import asyncio
 
@@ -235,7 +243,7 @@ class Future(Generic[R]):
             return afut
         loop_ident = threading.get_ident()
 
-        def on_done(f: "Future[R]") -> None:
+        def on_done(f: Future[R]) -> None:
             if threading.get_ident() == loop_ident:
                 _copy_outcome(f, afut)
             else:
@@ -267,7 +275,7 @@ class Future(Generic[R]):
         return f"<monarch.actor.Future result={self._value!r}>"
 
 
-def _copy_outcome(f: Future[Any], afut: "asyncio.Future[Any]") -> None:
+def _copy_outcome(f: Future[Any], afut: asyncio.Future[Any]) -> None:
     if afut.done():
         return
     if f._exc is not None:

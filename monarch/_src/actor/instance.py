@@ -14,7 +14,8 @@ import logging
 import os
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from monarch._src.actor import proc as this_proc_state
 from monarch._src.actor.actor import endpoint_table, is_async_actor
@@ -27,7 +28,12 @@ from monarch._src.actor.context import (
 )
 from monarch._src.actor.coroutines import is_coroutine
 from monarch._src.actor.endpoint import EndpointProperty
-from monarch._src.actor.errors import ActorError, RemoteExceptionPlaceholder, SupervisionError, format_remote_exception
+from monarch._src.actor.errors import (
+    ActorError,
+    RemoteExceptionPlaceholder,
+    SupervisionError,
+    format_remote_exception,
+)
 from monarch._src.actor.future import mark_sync_actor_thread
 from monarch._src.actor.port import DROPPING_PORT, Port
 from monarch._src.actor.proc import runtime
@@ -121,7 +127,9 @@ class ActorInstance:
     def proc_mesh(self) -> Any:
         from monarch._src.actor.proc_mesh import ProcMesh
 
-        return ProcMesh._reference(self._proc_addresses, Extent(self.rank.extent.labels, self.rank.extent.sizes))
+        return ProcMesh._reference(
+            self._proc_addresses, Extent(self.rank.extent.labels, self.rank.extent.sizes)
+        )
 
     @property
     def proc(self) -> Any:
@@ -183,7 +191,9 @@ class ActorInstance:
         """Answer what is left in the mailbox of a stopped actor, so no caller waits forever."""
         while True:
             try:
-                kind, header, _ = self._queue.get_nowait() if self._queue is not None else self._deque.popleft()
+                kind, header, _ = (
+                    self._queue.get_nowait() if self._queue is not None else self._deque.popleft()
+                )
             except (queue.Empty, IndexError):
                 return
             spec = header.get("p") if isinstance(header, dict) else None
@@ -268,7 +278,9 @@ class ActorInstance:
         except BaseException as e:  # noqa: B036 - any failure in __init__ fails the actor
             self._fail(e, "__init__")
 
-    def _begin(self, header: dict, bodies: list) -> tuple[Callable[..., Any] | None, Any, Any, Port[Any] | None, bool]:
+    def _begin(
+        self, header: dict, bodies: list
+    ) -> tuple[Callable[..., Any] | None, Any, Any, Port[Any] | None, bool]:
         """Decode a message; returns (function, args, kwargs, reply port, explicit_port)."""
         labels, sizes = header["x"]
         r = header["r"]
@@ -324,7 +336,9 @@ class ActorInstance:
         if prop is not None and prop._concurrent:
             import asyncio
 
-            task = asyncio.get_running_loop().create_task(self._run_async(fn, args, kwargs, reply, explicit, header["e"]))
+            task = asyncio.get_running_loop().create_task(
+                self._run_async(fn, args, kwargs, reply, explicit, header["e"])
+            )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             await asyncio.sleep(0)  # start-order guarantee: it runs until its first await
@@ -333,7 +347,15 @@ class ActorInstance:
         del args, kwargs  # owned by the coroutine alone, which drops them before replying
         await run
 
-    async def _run_async(self, fn: Callable[..., Any], args: Any, kwargs: Any, reply: Port[Any] | None, explicit: bool, name: str) -> None:
+    async def _run_async(
+        self,
+        fn: Callable[..., Any],
+        args: Any,
+        kwargs: Any,
+        reply: Port[Any] | None,
+        explicit: bool,
+        name: str,
+    ) -> None:
         import asyncio
 
         try:
@@ -345,7 +367,9 @@ class ActorInstance:
             self._endpoint_raised(name, e, reply, explicit)
         except asyncio.CancelledError:
             if reply is not None and not explicit:
-                reply.exception(SupervisionError(f"Endpoint call {self.name}.{name}() was cancelled: the actor stopped"))
+                reply.exception(
+                    SupervisionError(f"Endpoint call {self.name}.{name}() was cancelled: the actor stopped")
+                )
             raise
         except BaseException as e:
             self._fail(e, f"endpoint {name}")
@@ -379,7 +403,11 @@ class ActorInstance:
         try:
             reply.exception(err)
         except Exception:
-            reply.exception(ActorError(RemoteExceptionPlaceholder(f"{type(e).__name__}: {e}"), message, err.exception_formatted))
+            reply.exception(
+                ActorError(
+                    RemoteExceptionPlaceholder(f"{type(e).__name__}: {e}"), message, err.exception_formatted
+                )
+            )
 
     def _unavailable_error(self, endpoint: str) -> SupervisionError:
         if self.failure is not None:
@@ -592,7 +620,9 @@ def _reject(header: dict, why: str) -> None:
     spec = header.get("p")
     if spec:
         Port(spec[0], spec[1], header.get("r")).exception(
-            SupervisionError(f"Endpoint call {header['e']}() failed, no actor {header['d']} in process {os.getpid()} ({why})")
+            SupervisionError(
+                f"Endpoint call {header['e']}() failed, no actor {header['d']} in process {os.getpid()} ({why})"
+            )
         )
 
 
@@ -603,7 +633,7 @@ def _expire_early(key: str) -> None:
         _reject(header, f"it was not spawned here within {EARLY_MESSAGE_TIMEOUT_S:.0f} s")
 
 
-def _release_early(inst: "ActorInstance") -> None:
+def _release_early(inst: ActorInstance) -> None:
     """Queue the messages that arrived before this actor's spawn, in order (lock held)."""
     for header, bodies in _early.pop(inst.key, None) or ():
         inst.put((_MESSAGE, header, bodies))
@@ -665,9 +695,11 @@ def root_instance() -> ActorInstance:
             if _root is None:
                 rt = runtime()
                 _root = ActorInstance(
-                    key=ROOT_KEY, name="root", cls=None, rank=SINGLETON_POINT,
-                    proc_addresses=(rt.address,), creator=None,
+                    key=ROOT_KEY,
+                    name="root",
+                    cls=None,
+                    rank=SINGLETON_POINT,
+                    proc_addresses=(rt.address,),
+                    creator=None,
                 )
     return _root
-
-

@@ -30,7 +30,8 @@ import logging
 import os
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from monarch._src.actor.future import Future
 from monarch._src.actor.log_aggregator import Aggregator
@@ -66,7 +67,9 @@ def _write_control(obj: dict) -> None:
     """Flush Python's buffers, then append one control line to fd 1 and fd 2."""
     line = CONTROL_MARK + json.dumps(obj, separators=(",", ":")).encode() + b"\n"
     for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
-        for s in {id(x): x for x in (stream, sys.__stdout__ if fd == 1 else sys.__stderr__) if x is not None}.values():
+        for s in {
+            id(x): x for x in (stream, sys.__stdout__ if fd == 1 else sys.__stderr__) if x is not None
+        }.values():
             try:
                 s.flush()
             except Exception:
@@ -151,7 +154,6 @@ def ask_workers(addresses: list[str], kind: int, extra: Callable[[int], dict] | 
             header.update(extra(i))
         rt.send(address, header, [])
     return acks.future
-
 
 
 class _MeshLog:

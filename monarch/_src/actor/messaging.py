@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from monarch._src.actor.collectors import fold_stream
 from monarch._src.actor.endpoint import ActorEndpoint, Selection

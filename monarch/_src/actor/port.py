@@ -14,7 +14,8 @@ import collections
 import itertools
 import threading
 import weakref
-from typing import Any, Generic, Iterable, TypeVar
+from collections.abc import Iterable
+from typing import Any, Generic, TypeVar
 
 from monarch._src.actor import supervision
 from monarch._src.actor.errors import ActorError, SupervisionError
@@ -30,9 +31,9 @@ FLAG_EXCEPTION = 1
 
 _port_ids = itertools.count(1)
 #: port id -> handler. Plain dict: single operations are atomic under the GIL.
-_handlers: dict[int, "PortHandler"] = {}
+_handlers: dict[int, PortHandler] = {}
 #: destination address -> handlers waiting on a reply from it, failed if that process dies.
-_waiting_on: dict[str, set["PortHandler"]] = collections.defaultdict(set)
+_waiting_on: dict[str, set[PortHandler]] = collections.defaultdict(set)
 _waiting_lock = threading.Lock()
 
 
@@ -104,7 +105,9 @@ def handle_port_frame(header: dict, bodies: list) -> None:
         value = payload.loads(bodies)
     except Exception as e:
         what = "an exception" if is_exc else "a value"
-        value = ActorError(e, f"The reply to {handler.label}() carried {what} that could not be unpickled here.")
+        value = ActorError(
+            e, f"The reply to {handler.label}() carried {what} that could not be unpickled here."
+        )
         is_exc = True
     handler.deliver(header.get("r"), value, is_exc)
 
@@ -138,7 +141,7 @@ class Port(Generic[R]):
             header["f"] = flags
         runtime().send(self._address, header, payload.dumps(obj))
 
-    def _with_rank(self, rank: int) -> "Port[R]":
+    def _with_rank(self, rank: int) -> Port[R]:
         return Port(self._address, self._port_id, rank, self._once)
 
     def __reduce__(self) -> Any:
@@ -151,7 +154,7 @@ class Port(Generic[R]):
 DROPPING_PORT: Port[Any] = Port("", 0)
 
 
-def port_receiver(port: Port[Any]) -> "PortReceiver[Any] | None":
+def port_receiver(port: Port[Any]) -> PortReceiver[Any] | None:
     """The receiver behind ``port`` if it lives in this process."""
     if port._address != runtime().address:
         return None
@@ -212,7 +215,7 @@ class PortReceiver(PortHandler, Generic[R]):
         self._resolve(fut, rank, value, is_exc)
         return fut
 
-    def ranked(self) -> "PortReceiver[tuple[int, R]]":
+    def ranked(self) -> PortReceiver[tuple[int, R]]:
         self._ranked = True
         return self  # type: ignore[return-value]
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from monarch._src.actor.instance import ActorInstance
@@ -33,18 +34,18 @@ LOG_FLUSH_KIND = 8
 LOG_OPTION_KIND = 9
 
 #: actor key -> the actor living in this process.
-actors: dict[str, "ActorInstance"] = {}
+actors: dict[str, ActorInstance] = {}
 actors_lock = threading.Lock()
 #: Called (on the loop thread) when this worker is asked to exit.
 exit_requested: list[Callable[[], None]] = []
 
 
-_current: "Runtime | None" = None
+_current: Runtime | None = None
 _hooked = False
 _RUNTIME_MODULE = "monarch._src.runtime.runtime"
 
 
-def runtime() -> "Runtime":
+def runtime() -> Runtime:
     """This process's runtime, started on first use in a client."""
     rt = _current
     if rt is not None and not rt.closed:
@@ -55,7 +56,7 @@ def runtime() -> "Runtime":
 _retired = False
 
 
-def _start_runtime() -> "Runtime":
+def _start_runtime() -> Runtime:
     global _current
     if _retired:
         raise RuntimeError(
@@ -66,7 +67,7 @@ def _start_runtime() -> "Runtime":
     return _current
 
 
-def runtime_class() -> "type[Runtime]":
+def runtime_class() -> type[Runtime]:
     """The Runtime class, with the actor layer's handlers hooked into every instance."""
     global _hooked
     from monarch._src.runtime.runtime import Runtime
@@ -83,13 +84,13 @@ def retire_runtime() -> None:
     _retired = True
 
 
-def current_runtime() -> "Runtime | None":
+def current_runtime() -> Runtime | None:
     """This process's runtime if one was started, without starting one."""
     module = sys.modules.get(_RUNTIME_MODULE)
     return module.Runtime.current() if module is not None else None  # type: ignore[attr-defined]
 
 
-def _install(rt: "Runtime") -> None:
+def _install(rt: Runtime) -> None:
     from monarch._src.actor import instance, log_forwarding, log_prefix, port, supervision
     from monarch._src.actor.future import set_loop_thread_probe
     from monarch._src.runtime import framework_log
@@ -133,7 +134,6 @@ def on_worker_start(config: dict[str, Any]) -> None:
         set_proc_ready(False)
 
 
-
 _ready = True
 _ready_waiters: list[Callable[[], None]] = []
 
@@ -158,11 +158,11 @@ def set_proc_ready(ready: bool) -> None:
         fn()
 
 
-def lookup(key: str) -> "ActorInstance | None":
+def lookup(key: str) -> ActorInstance | None:
     return actors.get(key)
 
 
-def register_actor(inst: "ActorInstance") -> None:
+def register_actor(inst: ActorInstance) -> None:
     with actors_lock:
         actors[inst.key] = inst
 
@@ -172,7 +172,7 @@ def unregister_actor(key: str) -> None:
         actors.pop(key, None)
 
 
-def all_actors() -> list["ActorInstance"]:
+def all_actors() -> list[ActorInstance]:
     with actors_lock:
         return list(actors.values())
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from typing import Any, Callable, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from monarch._src.actor import supervision
 from monarch._src.actor.actor import Actor, validate_actor_class
@@ -68,14 +69,14 @@ class ProcMesh(MeshTrait):
         self._initialized = initialized
 
     @classmethod
-    def _reference(cls, addresses: tuple[str, ...], extent: Extent) -> "ProcMesh":
+    def _reference(cls, addresses: tuple[str, ...], extent: Extent) -> ProcMesh:
         return cls(addresses, Shape.from_extent(extent))
 
     @property
     def _shape(self) -> Shape:
         return self._mesh_shape
 
-    def _new_with_shape(self, shape: Shape) -> "ProcMesh":
+    def _new_with_shape(self, shape: Shape) -> ProcMesh:
         return ProcMesh(self._addresses, shape, self._owner, self._host_mesh, self._initialized)
 
     def _proc_addresses(self) -> list[str]:
@@ -90,7 +91,9 @@ class ProcMesh(MeshTrait):
             raise RuntimeError("`ProcMesh` has already been stopped")
         return self._spawn_nocheck(name, Class, args, kwargs)  # type: ignore[return-value]
 
-    def _spawn_nocheck(self, name: str, Class: type, args: tuple, kwargs: dict, extra: dict | None = None) -> ActorMesh[Any]:
+    def _spawn_nocheck(
+        self, name: str, Class: type, args: tuple, kwargs: dict, extra: dict | None = None
+    ) -> ActorMesh[Any]:
         key = f"{name}-{uuid.uuid4().hex[:12]}"
         addrs = tuple(self._proc_addresses())
         ext = self._mesh_shape.extent
@@ -103,7 +106,16 @@ class ProcMesh(MeshTrait):
         owner = [rt.address, spawner.key]
         supervision.record_spawn(spawner.key, key, name, addrs)
         for i, address in enumerate(addrs):
-            header = {"k": SPAWN_KIND, "d": key, "n": name, "r": i, "x": wire_extent, "a": addrs, "c": creator_wire, "o": owner}
+            header = {
+                "k": SPAWN_KIND,
+                "d": key,
+                "n": name,
+                "r": i,
+                "x": wire_extent,
+                "a": addrs,
+                "c": creator_wire,
+                "o": owner,
+            }
             if extra:
                 header.update(extra)
             rt.send(address, header, bodies)
@@ -160,9 +172,13 @@ class ProcMesh(MeshTrait):
             or not isinstance(aggregate_window_sec, (int, float))
             or not aggregate_window_sec >= 0
         ):
-            raise ValueError(f"Invalid aggregate_window_sec: {aggregate_window_sec!r} (a number >= 0, or None)")
+            raise ValueError(
+                f"Invalid aggregate_window_sec: {aggregate_window_sec!r} (a number >= 0, or None)"
+            )
         stream = bool(stream_to_client)
-        window = None if aggregate_window_sec is None or aggregate_window_sec == 0 else float(aggregate_window_sec)
+        window = (
+            None if aggregate_window_sec is None or aggregate_window_sec == 0 else float(aggregate_window_sec)
+        )
         rt = runtime()
         mid = log_forwarding.mesh_log_id(self._addresses)
         addresses = self._proc_addresses()
@@ -183,7 +199,7 @@ class ProcMesh(MeshTrait):
     def activate(self) -> Any:
         raise NotImplementedError("the tensor engine (activate) is not part of monarch-aio")
 
-    async def __aenter__(self) -> "ProcMesh":
+    async def __aenter__(self) -> ProcMesh:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -234,11 +250,11 @@ def run_bootstrap(mesh: ProcMesh, fn: Callable[[], Any]) -> Future[Any]:
 
 # -- this_proc and controllers ------------------------------------------------------------------
 
+
 def _register_on_demand() -> None:
     from monarch._src.actor import instance
 
     instance.on_demand_actors[_REGISTRY_KEY] = _start_registry
-
 
 
 def this_proc() -> ProcMesh:
@@ -277,7 +293,14 @@ def _start_registry() -> None:
             return
         address = runtime().address
         instance.handle_spawn(
-            {"d": _REGISTRY_KEY, "n": "controllers", "r": 0, "x": [[], []], "a": (address,), "c": ["root", "root", "<root>"]},
+            {
+                "d": _REGISTRY_KEY,
+                "n": "controllers",
+                "r": 0,
+                "x": [[], []],
+                "a": (address,),
+                "c": ["root", "root", "<root>"],
+            },
             payload.dumps((_ControllerRegistry, (), {})),
         )
 

@@ -93,7 +93,9 @@ def any_trouble() -> bool:
 def mesh_error(mesh_key: str, mesh_name: str, endpoint: str, addresses: list[str]) -> SupervisionError | None:
     """Why a call on these ranks of a mesh must fail at once (or None if it may proceed)."""
     if mesh_key in _stopped:
-        return SupervisionError(f"Endpoint call {mesh_name}.{endpoint}() failed, actor mesh {mesh_name} has been stopped")
+        return SupervisionError(
+            f"Endpoint call {mesh_name}.{endpoint}() failed, actor mesh {mesh_name} has been stopped"
+        )
     failed = _failed.get(mesh_key)
     for a in addresses:
         report = (failed and failed.get(a)) or dead_processes.get(a)
@@ -119,20 +121,27 @@ def mark_stopped(mesh_key: str, reason: str) -> None:
 # -- the failing side ---------------------------------------------------------------------------
 
 
-def actor_failed(inst: "ActorInstance", report: str) -> None:
+def actor_failed(inst: ActorInstance, report: str) -> None:
     """Tell the owner of ``inst``'s mesh that this rank failed."""
     _notify_owner(inst, report, stopped=False)
 
 
-def actor_stopped(inst: "ActorInstance") -> None:
+def actor_stopped(inst: ActorInstance) -> None:
     _notify_owner(inst, "stopped", stopped=True)
 
 
-def _notify_owner(inst: "ActorInstance", report: str, stopped: bool) -> None:
+def _notify_owner(inst: ActorInstance, report: str, stopped: bool) -> None:
     owner = inst.owner
     if owner is None:
         return
-    header = {"k": SUPERVISION_KIND, "d": owner[1], "m": inst.key, "n": inst.name, "r": inst.rank.rank, "t": report}
+    header = {
+        "k": SUPERVISION_KIND,
+        "d": owner[1],
+        "m": inst.key,
+        "n": inst.name,
+        "r": inst.rank.rank,
+        "t": report,
+    }
     if stopped:
         header["s"] = 1
     try:
@@ -194,7 +203,9 @@ def peer_lost(address: str, reason: BaseException) -> None:
 # -- the owning side ------------------------------------------------------------------------------
 
 
-def _deliver(mesh_key: str, rank: int, report: str, name: str | None = None, owner_key: str | None = None) -> None:
+def _deliver(
+    mesh_key: str, rank: int, report: str, name: str | None = None, owner_key: str | None = None
+) -> None:
     with _lock:
         owned = _owned.get(mesh_key)
         if owned is not None:

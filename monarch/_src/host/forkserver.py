@@ -24,7 +24,8 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 FORKSERVER_ENV = "MONARCH_FORKSERVER"
 FORKSERVER_MODULE = "monarch._src.host.forkserver"

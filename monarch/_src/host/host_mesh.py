@@ -5,7 +5,8 @@ from __future__ import annotations
 import atexit
 import itertools
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from monarch._src.actor import proc_mesh as proc_mesh_module
 from monarch._src.actor.future import Future
@@ -50,7 +51,7 @@ class HostMesh(MeshTrait):
     def _shape(self) -> Shape:
         return self._host_shape
 
-    def _new_with_shape(self, shape: Shape) -> "HostMesh":
+    def _new_with_shape(self, shape: Shape) -> HostMesh:
         return HostMesh(shape, self._is_local)
 
     def spawn_procs(
@@ -149,5 +150,3 @@ def shutdown_context() -> Future[None]:
 
 
 atexit.register(shutdown_context)
-
-

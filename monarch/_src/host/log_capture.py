@@ -26,7 +26,8 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from monarch._src.actor.log_forwarding import CONTROL_MARK, ask_workers, flush_aggregators
 from monarch._src.actor.port import Port
@@ -50,7 +51,7 @@ FLUSH_BARRIER_TIMEOUT_S = 2.0
 
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
-_live: "weakref.WeakSet[OutputCapture]" = weakref.WeakSet()
+_live: weakref.WeakSet[OutputCapture] = weakref.WeakSet()
 _live_lock = threading.Lock()
 
 
@@ -76,7 +77,18 @@ def _hold_control_start(buf: bytes) -> tuple[bytes, bytes]:
 
 
 class _Pipe:
-    __slots__ = ("fd", "stream", "partial", "partial_since", "dest", "mid", "prefix", "dropped", "closed", "timer")
+    __slots__ = (
+        "fd",
+        "stream",
+        "partial",
+        "partial_since",
+        "dest",
+        "mid",
+        "prefix",
+        "dropped",
+        "closed",
+        "timer",
+    )
 
     def __init__(self, fd: int, stream: int) -> None:
         self.fd = fd
@@ -338,8 +350,14 @@ def flush_barrier(addresses: list[str], timeout: float = FLUSH_BARRIER_TIMEOUT_S
 # -- notebooks -----------------------------------------------------------------------------------
 
 _ipython_hook_registered = False
+
+
 #: Supplies the addresses of the live workers whose output this process reads.
-live_worker_addresses: Callable[[], list[str]] = lambda: []
+def _no_workers() -> list[str]:
+    return []
+
+
+live_worker_addresses: Callable[[], list[str]] = _no_workers
 
 
 def _post_run_cell(*_: Any) -> None:

@@ -15,11 +15,12 @@ import subprocess
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from monarch._src.actor.future import Future
 from monarch._src.actor import config as actor_config
 from monarch._src.actor import supervision
+from monarch._src.actor.future import Future
 from monarch._src.actor.log_forwarding import CAPTURE_ENV
 from monarch._src.actor.proc import STOP_PROC_KIND, runtime
 from monarch._src.host import log_capture
@@ -33,7 +34,7 @@ logger = logging.getLogger("monarch.host")
 WORKER_MODULE = "monarch._src.runtime.bootstrap"
 INIT_MODULES = ["monarch._src.actor.proc"]
 
-_live_groups: "weakref.WeakSet[ProcGroup]" = weakref.WeakSet()
+_live_groups: weakref.WeakSet[ProcGroup] = weakref.WeakSet()
 _groups_lock = threading.Lock()
 
 
@@ -132,7 +133,7 @@ class ProcGroup:
         if capture_output:
             log_capture.maybe_register_ipython_hook()
 
-    def _prepare(self, rt: Any, rank: int, extra_env: Mapping[str, str], root: str, gated: bool) -> "_Launch":
+    def _prepare(self, rt: Any, rank: int, extra_env: Mapping[str, str], root: str, gated: bool) -> _Launch:
         """Bind the worker's socket, make its pipes and environment; start nothing yet."""
         launch = _Launch(rank, rt.new_socket_path())
         try:
@@ -169,7 +170,7 @@ class ProcGroup:
             raise
         return launch
 
-    def _exec(self, launch: "_Launch") -> None:
+    def _exec(self, launch: _Launch) -> None:
         try:
             launch.proc = subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE],
@@ -184,7 +185,7 @@ class ProcGroup:
         finally:
             launch.close_parent_side(keep_readers=True)
 
-    def _fork_from_template(self, launches: list["_Launch"], preload: Sequence[str]) -> None:
+    def _fork_from_template(self, launches: list[_Launch], preload: Sequence[str]) -> None:
         from monarch._src.host import forkserver
 
         envs = [launch.env for launch in launches]
@@ -207,7 +208,7 @@ class ProcGroup:
         for launch, proc in zip(launches, procs):
             launch.proc = proc
 
-    def _started(self, rt: Any, launch: "_Launch") -> None:
+    def _started(self, rt: Any, launch: _Launch) -> None:
         rank = launch.rank
         if launch.out_r >= 0:
             capture = log_capture.OutputCapture(f"{self.name} rank {rank}", launch.out_r, launch.err_r)
@@ -235,7 +236,9 @@ class ProcGroup:
         try:
             pidfd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):
-            threading.Thread(target=lambda: (proc.wait(), rt.loop.call_soon_threadsafe(self._exited, rank)), daemon=True).start()
+            threading.Thread(
+                target=lambda: (proc.wait(), rt.loop.call_soon_threadsafe(self._exited, rank)), daemon=True
+            ).start()
             return
 
         def readable() -> None:
@@ -266,7 +269,9 @@ class ProcGroup:
         how = describe_exit(code)
         # After a requested stop the actors have reported themselves stopped, so this only
         # fails what still waits on the process.
-        supervision.process_exited(address, f"process {rank} of {self.name} {how}", expected=self._stop_requested)
+        supervision.process_exited(
+            address, f"process {rank} of {self.name} {how}", expected=self._stop_requested
+        )
         for cb in list(self.on_exit):
             try:
                 cb(rank, how, code)

@@ -48,7 +48,7 @@ from monarch._src.runtime import output_writer
 from . import stacks as stacks_module
 from .command import EntryKind, WorkerCommand
 from .config import LaunchConfig, Std
-from .logs import RunDirs, TailFile, Tailer, line_prefix
+from .logs import RunDirs, Tailer, TailFile, line_prefix
 from .store import StoreServer
 from .summary import ChildFailedError, ProcessFailure, RankReport
 from .worker import Runner, WorkerSpec
@@ -268,7 +268,9 @@ class Agent:
                         values = list(a.exit_codes)
                     return Outcome("succeeded", attempt_index + 1, values=values, reports=reports)
                 if state == "signaled":
-                    return Outcome("signaled", attempt_index + 1, signum=self._pending_signal, reports=reports)
+                    return Outcome(
+                        "signaled", attempt_index + 1, signum=self._pending_signal, reports=reports
+                    )
                 remaining = config.max_restarts - attempt_index
                 if remaining > 0:
                     self.log.info(
@@ -404,7 +406,9 @@ class Agent:
                 one.run.broadcast(spec)
         return a
 
-    def _stream_targets(self, lr: int, attempt_dir: str, scratch: str, index: int) -> tuple[str | None, str | None]:
+    def _stream_targets(
+        self, lr: int, attempt_dir: str, scratch: str, index: int
+    ) -> tuple[str | None, str | None]:
         """Where fd 1 and fd 2 of local rank ``lr`` point, and what the tailer watches."""
         config = self.config
         assert self.tailer is not None and self.dirs is not None
@@ -583,7 +587,10 @@ class Agent:
                 )
                 signal_process_group(a.pids[lr], signal.SIGKILL)
         if not self._wait_for_exits(a, time.monotonic() + KILL_WAIT_S, escalate=False):
-            self.log.error("some workers did not exit after SIGKILL: %s", [a.pids[i] for i, c in enumerate(a.exit_codes) if c is None])
+            self.log.error(
+                "some workers did not exit after SIGKILL: %s",
+                [a.pids[i] for i, c in enumerate(a.exit_codes) if c is None],
+            )
 
     def _wait_for_exits(self, a: _Attempt, deadline: float, escalate: bool) -> bool:
         """Process events until every worker exited (True) or ``deadline`` (False).

@@ -94,7 +94,9 @@ class SPMDLauncher:
     def __repr__(self) -> str:
         return f"SPMDLauncher({' '.join(self._argv)})"
 
-    def run(self, target: Callable[..., Any] | str | os.PathLike[str], *args: Any, **kwargs: Any) -> Future[Any]:
+    def run(
+        self, target: Callable[..., Any] | str | os.PathLike[str], *args: Any, **kwargs: Any
+    ) -> Future[Any]:
         """Run ``target`` on every rank; a Future of the ValueMesh of per-rank results.
 
         ``target`` is a function (called with ``*args, **kwargs``) or a script path / module

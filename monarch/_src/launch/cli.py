@@ -191,109 +191,252 @@ def build_parser(
     parser.add_argument("--h", action="help", help=argparse.SUPPRESS)
 
     # Sizes.
-    value("--nnodes", type=str, default="1:1",
-          help="Node count N, or an elastic range MIN:MAX. (PET_NNODES)")
-    value("--nproc-per-node", "--nproc_per_node", type=str, default="1",
-          help="Workers on this node: an integer, or cpu, gpu, xpu, auto. (PET_NPROC_PER_NODE)")
+    value("--nnodes", type=str, default="1:1", help="Node count N, or an elastic range MIN:MAX. (PET_NNODES)")
+    value(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=str,
+        default="1",
+        help="Workers on this node: an integer, or cpu, gpu, xpu, auto. (PET_NPROC_PER_NODE)",
+    )
 
     # Rendezvous.
-    value("--rdzv-backend", "--rdzv_backend", type=str, default="static",
-          help="Rendezvous backend: static or c10d. (PET_RDZV_BACKEND)")
-    value("--rdzv-endpoint", "--rdzv_endpoint", type=str, default="",
-          help="Rendezvous address, host[:port]. (PET_RDZV_ENDPOINT)")
-    value("--rdzv-id", "--rdzv_id", type=str, default="none",
-          help="Job id shared by all nodes; becomes TORCHELASTIC_RUN_ID. (PET_RDZV_ID)")
-    value("--rdzv-conf", "--rdzv_conf", type=str, default="",
-          help="Extra rendezvous settings, key1=v1,key2=v2. (PET_RDZV_CONF)")
-    flag("--standalone",
-         help="Single node: use a private rendezvous on a free local port; overrides "
-         "--rdzv-backend/--rdzv-endpoint/--rdzv-id. (PET_STANDALONE)")
+    value(
+        "--rdzv-backend",
+        "--rdzv_backend",
+        type=str,
+        default="static",
+        help="Rendezvous backend: static or c10d. (PET_RDZV_BACKEND)",
+    )
+    value(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        type=str,
+        default="",
+        help="Rendezvous address, host[:port]. (PET_RDZV_ENDPOINT)",
+    )
+    value(
+        "--rdzv-id",
+        "--rdzv_id",
+        type=str,
+        default="none",
+        help="Job id shared by all nodes; becomes TORCHELASTIC_RUN_ID. (PET_RDZV_ID)",
+    )
+    value(
+        "--rdzv-conf",
+        "--rdzv_conf",
+        type=str,
+        default="",
+        help="Extra rendezvous settings, key1=v1,key2=v2. (PET_RDZV_CONF)",
+    )
+    flag(
+        "--standalone",
+        help="Single node: use a private rendezvous on a free local port; overrides "
+        "--rdzv-backend/--rdzv-endpoint/--rdzv-id. (PET_STANDALONE)",
+    )
 
     # Running user code.
-    value("--max-restarts", "--max_restarts", type=int, default=0,
-          help="Times the worker group is restarted after a failure. (PET_MAX_RESTARTS)")
-    value("--monitor-interval", "--monitor_interval", type=float, default=0.1,
-          help="Seconds between checks of worker state. (PET_MONITOR_INTERVAL)")
-    value("--start-method", "--start_method", type=str, default="spawn",
-          choices=["spawn", "fork", "forkserver"],
-          help="Start method for --run-path workers. (PET_START_METHOD)")
-    value("--event-log-handler", "--event_log_handler", type=str, default="null",
-          help="Where elastic events go: null, console, dynamic_rendezvous. (PET_EVENT_LOG_HANDLER)")
-    value("--role", type=str, default="default",
-          help="Worker role name: ROLE_NAME and the tee prefix. (PET_ROLE)")
-    flag("-m", "--module",
-         help="Run the script argument as a module, like 'python -m'. (PET_MODULE)")
-    flag("--no-python", "--no_python",
-         help="Execute the script argument directly instead of with python. (PET_NO_PYTHON)")
-    flag("--run-path", "--run_path",
-         help="Run the script with runpy.run_path; wins over --no-python. (PET_RUN_PATH)")
-    value("--log-dir", "--log_dir", type=str, default=None,
-          help="Base directory for per-run log files (a run sub-directory is created). (PET_LOG_DIR)")
-    value("-r", "--redirects", type=str, default="0",
-          help="Send worker streams to files: 0 none, 1 stdout, 2 stderr, 3 both, or a "
-          "per-local-rank map like 0:3,1:1. (PET_REDIRECTS)")
-    value("-t", "--tee", type=str, default="0",
-          help="Like --redirects, but also copy to the console with a rank prefix. (PET_TEE)")
-    value("--local-ranks-filter", "--local_ranks_filter", type=str, default="",
-          help="Comma list of local ranks whose output is shown on the console; "
-          "files are not filtered. (PET_LOCAL_RANKS_FILTER)")
-    value("--duplicate-stdout-filters", "--duplicate_stdout_filters", type=_comma_list,
-          default=[],
-          help="Comma list of needles; tee'd stdout lines containing one are also written to "
-          "filtered_stdout.log (',,' is a literal comma). (PET_DUPLICATE_STDOUT_FILTERS)")
-    value("--duplicate-stderr-filters", "--duplicate_stderr_filters", type=_comma_list,
-          default=[],
-          help="The same for stderr and filtered_stderr.log. (PET_DUPLICATE_STDERR_FILTERS)")
+    value(
+        "--max-restarts",
+        "--max_restarts",
+        type=int,
+        default=0,
+        help="Times the worker group is restarted after a failure. (PET_MAX_RESTARTS)",
+    )
+    value(
+        "--monitor-interval",
+        "--monitor_interval",
+        type=float,
+        default=0.1,
+        help="Seconds between checks of worker state. (PET_MONITOR_INTERVAL)",
+    )
+    value(
+        "--start-method",
+        "--start_method",
+        type=str,
+        default="spawn",
+        choices=["spawn", "fork", "forkserver"],
+        help="Start method for --run-path workers. (PET_START_METHOD)",
+    )
+    value(
+        "--event-log-handler",
+        "--event_log_handler",
+        type=str,
+        default="null",
+        help="Where elastic events go: null, console, dynamic_rendezvous. (PET_EVENT_LOG_HANDLER)",
+    )
+    value(
+        "--role",
+        type=str,
+        default="default",
+        help="Worker role name: ROLE_NAME and the tee prefix. (PET_ROLE)",
+    )
+    flag("-m", "--module", help="Run the script argument as a module, like 'python -m'. (PET_MODULE)")
+    flag(
+        "--no-python",
+        "--no_python",
+        help="Execute the script argument directly instead of with python. (PET_NO_PYTHON)",
+    )
+    flag(
+        "--run-path",
+        "--run_path",
+        help="Run the script with runpy.run_path; wins over --no-python. (PET_RUN_PATH)",
+    )
+    value(
+        "--log-dir",
+        "--log_dir",
+        type=str,
+        default=None,
+        help="Base directory for per-run log files (a run sub-directory is created). (PET_LOG_DIR)",
+    )
+    value(
+        "-r",
+        "--redirects",
+        type=str,
+        default="0",
+        help="Send worker streams to files: 0 none, 1 stdout, 2 stderr, 3 both, or a "
+        "per-local-rank map like 0:3,1:1. (PET_REDIRECTS)",
+    )
+    value(
+        "-t",
+        "--tee",
+        type=str,
+        default="0",
+        help="Like --redirects, but also copy to the console with a rank prefix. (PET_TEE)",
+    )
+    value(
+        "--local-ranks-filter",
+        "--local_ranks_filter",
+        type=str,
+        default="",
+        help="Comma list of local ranks whose output is shown on the console; "
+        "files are not filtered. (PET_LOCAL_RANKS_FILTER)",
+    )
+    value(
+        "--duplicate-stdout-filters",
+        "--duplicate_stdout_filters",
+        type=_comma_list,
+        default=[],
+        help="Comma list of needles; tee'd stdout lines containing one are also written to "
+        "filtered_stdout.log (',,' is a literal comma). (PET_DUPLICATE_STDOUT_FILTERS)",
+    )
+    value(
+        "--duplicate-stderr-filters",
+        "--duplicate_stderr_filters",
+        type=_comma_list,
+        default=[],
+        help="The same for stderr and filtered_stderr.log. (PET_DUPLICATE_STDERR_FILTERS)",
+    )
 
     # caffe2-era options, used by the static backend.
-    value("--node-rank", "--node_rank", type=int, default=0,
-          help="This node's rank (static backend only). (PET_NODE_RANK)")
-    value("--master-addr", "--master_addr", type=str, default="127.0.0.1",
-          help="Address of node 0 (static backend only). (PET_MASTER_ADDR)")
-    value("--master-port", "--master_port", type=int, default=None,
-          help="Port on node 0 (static backend only; 29500 when not given). Giving it keeps "
-          "the static backend even on one node. (PET_MASTER_PORT)")
-    value("--local-addr", "--local_addr", type=str, default=None,
-          help="This node's address for the rendezvous; otherwise the FQDN. (PET_LOCAL_ADDR)")
+    value(
+        "--node-rank",
+        "--node_rank",
+        type=int,
+        default=0,
+        help="This node's rank (static backend only). (PET_NODE_RANK)",
+    )
+    value(
+        "--master-addr",
+        "--master_addr",
+        type=str,
+        default="127.0.0.1",
+        help="Address of node 0 (static backend only). (PET_MASTER_ADDR)",
+    )
+    value(
+        "--master-port",
+        "--master_port",
+        type=int,
+        default=None,
+        help="Port on node 0 (static backend only; 29500 when not given). Giving it keeps "
+        "the static backend even on one node. (PET_MASTER_PORT)",
+    )
+    value(
+        "--local-addr",
+        "--local_addr",
+        type=str,
+        default=None,
+        help="This node's address for the rendezvous; otherwise the FQDN. (PET_LOCAL_ADDR)",
+    )
 
     # No PET_* fallback for these two in torchrun either.
-    parser.add_argument("--logs-specs", "--logs_specs", type=str, default=None,
-                        help="Name of a torchrun.logs_specs entry point; only 'default' is "
-                        "supported here.")
-    parser.add_argument("--numa-binding", "--numa_binding", type=str,
-                        choices=list(NUMA_BINDING_CHOICES), default=None,
-                        help="Bind each worker to CPUs near its GPU.")
+    parser.add_argument(
+        "--logs-specs",
+        "--logs_specs",
+        type=str,
+        default=None,
+        help="Name of a torchrun.logs_specs entry point; only 'default' is supported here.",
+    )
+    parser.add_argument(
+        "--numa-binding",
+        "--numa_binding",
+        type=str,
+        choices=list(NUMA_BINDING_CHOICES),
+        default=None,
+        help="Bind each worker to CPUs near its GPU.",
+    )
 
-    value("--signals-to-handle", "--signals_to_handle", type=str, default=_DEFAULT_SIGNALS,
-          help="Comma list of signals the launcher traps and forwards to the workers. "
-          "(PET_SIGNALS_TO_HANDLE)")
-    value("--shutdown-timeout", "--shutdown_timeout", type=int, default=None,
-          help="Seconds between a forwarded signal and SIGKILL; default "
-          "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30. (PET_SHUTDOWN_TIMEOUT)")
-    flag("--virtual-local-rank", "--virtual_local_rank",
-         help="Give every worker LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES. "
-         "(PET_VIRTUAL_LOCAL_RANK)")
+    value(
+        "--signals-to-handle",
+        "--signals_to_handle",
+        type=str,
+        default=_DEFAULT_SIGNALS,
+        help="Comma list of signals the launcher traps and forwards to the workers. (PET_SIGNALS_TO_HANDLE)",
+    )
+    value(
+        "--shutdown-timeout",
+        "--shutdown_timeout",
+        type=int,
+        default=None,
+        help="Seconds between a forwarded signal and SIGKILL; default "
+        "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30. (PET_SHUTDOWN_TIMEOUT)",
+    )
+    flag(
+        "--virtual-local-rank",
+        "--virtual_local_rank",
+        help="Give every worker LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES. "
+        "(PET_VIRTUAL_LOCAL_RANK)",
+    )
 
     # monarch.launch's own options (not in torchrun).
-    value("--kill-grace-period", "--kill_grace_period", type=float, default=30.0,
-          metavar="SECONDS",
-          help="[monarch] After a worker fails, seconds between SIGTERM and SIGKILL for the "
-          "other workers (torchrun hard-codes 30). (PET_KILL_GRACE_PERIOD)")
-    value("--hang-timeout", "--hang_timeout", type=float, default=None, metavar="SECONDS",
-          help="[monarch] When no worker has printed anything or exited for SECONDS, print "
-          "the Python stacks of every worker (SIGUSR1 does it on demand); 0 or unset = off. "
-          "(PET_HANG_TIMEOUT)")
-    flag("--summary",
-         help="[monarch] Print a per-rank summary (exit code, wall time, peak RSS) at the end. "
-         "(PET_SUMMARY)")
-    value("--preload", type=str, default="", metavar="MODULE[,MODULE...]",
-          help="[monarch] Import these modules once, in a template process the workers are "
-          "forked from, instead of once per worker (e.g. torch). Their import sees only the "
-          "environment all workers share. (PET_PRELOAD)")
+    value(
+        "--kill-grace-period",
+        "--kill_grace_period",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="[monarch] After a worker fails, seconds between SIGTERM and SIGKILL for the "
+        "other workers (torchrun hard-codes 30). (PET_KILL_GRACE_PERIOD)",
+    )
+    value(
+        "--hang-timeout",
+        "--hang_timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="[monarch] When no worker has printed anything or exited for SECONDS, print "
+        "the Python stacks of every worker (SIGUSR1 does it on demand); 0 or unset = off. "
+        "(PET_HANG_TIMEOUT)",
+    )
+    flag(
+        "--summary",
+        help="[monarch] Print a per-rank summary (exit code, wall time, peak RSS) at the end. (PET_SUMMARY)",
+    )
+    value(
+        "--preload",
+        type=str,
+        default="",
+        metavar="MODULE[,MODULE...]",
+        help="[monarch] Import these modules once, in a template process the workers are "
+        "forked from, instead of once per worker (e.g. torch). Their import sees only the "
+        "environment all workers share. (PET_PRELOAD)",
+    )
 
-    parser.add_argument("training_script", type=str,
-                        help="The script (or module with -m, or executable with --no-python), "
-                        "followed by its own arguments.")
+    parser.add_argument(
+        "training_script",
+        type=str,
+        help="The script (or module with -m, or executable with --no-python), followed by its own arguments.",
+    )
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return parser
 
@@ -320,9 +463,7 @@ def _physical_cuda_devices() -> list[str | None]:
     smi = shutil.which("nvidia-smi")
     if smi is not None:
         try:
-            out = subprocess.run(
-                [smi, "-L"], capture_output=True, text=True, timeout=15, check=False
-            )
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=15, check=False)
         except (OSError, subprocess.SubprocessError):
             out = None
         if out is not None and out.returncode == 0:
@@ -492,8 +633,7 @@ def _parse_rdzv_conf(text: str) -> dict[str, str | int]:
         key = key.strip()
         if not key:
             raise LaunchConfigError(
-                "The rendezvous configuration string must be in format "
-                "<key1>=<value1>,...,<keyN>=<valueN>."
+                "The rendezvous configuration string must be in format <key1>=<value1>,...,<keyN>=<valueN>."
             )
         item = values[0].strip() if values else None
         if not item:
@@ -510,8 +650,7 @@ def _rdzv_int(configs: Mapping[str, str | int], key: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise LaunchConfigError(
-            f"The rendezvous configuration option '{key}' does not represent a valid integer "
-            "value."
+            f"The rendezvous configuration option '{key}' does not represent a valid integer value."
         ) from None
 
 
@@ -546,9 +685,7 @@ def _check_backend(
     if backend == "c10d":
         store_type = str(configs.get("store_type", "tcp")).strip().lower()
         if store_type not in ("tcp", "file"):
-            raise LaunchConfigError(
-                "Invalid store type given. Currently only supports file and tcp."
-            )
+            raise LaunchConfigError("Invalid store type given. Currently only supports file and tcp.")
         if store_type == "tcp":
             host, port = parse_rendezvous_endpoint(endpoint, default_port)
             if "is_host" in configs:
@@ -564,9 +701,7 @@ def _check_backend(
         }
         for name, seconds in timeouts.items():
             if seconds <= 0:
-                raise LaunchConfigError(
-                    f"The {name} timeout ({_timedelta_str(seconds)}) must be positive."
-                )
+                raise LaunchConfigError(f"The {name} timeout ({_timedelta_str(seconds)}) must be positive.")
         _rdzv_int(configs, "keep_alive_interval", 5)
         _rdzv_int(configs, "keep_alive_max_attempt", 3)
         return host, port
@@ -578,14 +713,12 @@ def _check_backend(
         )
     if backend in _entry_point_names("torchrun.handlers"):
         raise LaunchConfigError(
-            f"The rendezvous backend '{backend}' is a torchrun plugin, which monarch.launch "
-            "cannot load.",
+            f"The rendezvous backend '{backend}' is a torchrun plugin, which monarch.launch cannot load.",
             torchrun_error=None,
             hint="use --rdzv-backend=c10d or static",
         )
     raise LaunchConfigError(
-        f"The rendezvous backend '{backend}' is not registered. Did you forget to call "
-        "`register`?",
+        f"The rendezvous backend '{backend}' is not registered. Did you forget to call `register`?",
         hint="known backends: static, c10d",
     )
 
@@ -603,9 +736,7 @@ def _timedelta_str(seconds: int) -> str:
     return str(datetime.timedelta(seconds=seconds))
 
 
-def config_from_namespace(
-    args: argparse.Namespace, environ: Mapping[str, str] | None = None
-) -> LaunchConfig:
+def config_from_namespace(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> LaunchConfig:
     """Validate a parsed namespace and build the :class:`LaunchConfig`.
 
     Checks run in torchrun's order (``run()``, ``config_from_args()``,
@@ -637,21 +768,18 @@ def config_from_namespace(
     min_nodes, max_nodes = _parse_nnodes(args.nnodes)
     if not 0 < min_nodes <= max_nodes:
         raise LaunchConfigError(
-            f"min_nodes must be > 0 and <= max_nodes, got min_nodes={min_nodes}, "
-            f"max_nodes={max_nodes}",
+            f"min_nodes must be > 0 and <= max_nodes, got min_nodes={min_nodes}, max_nodes={max_nodes}",
             torchrun_error="AssertionError",
         )
     if args.max_restarts < 0:
         raise LaunchConfigError("max_restarts must be >= 0", torchrun_error="AssertionError")
     if backend != "static" and not endpoint:
         notices.append(
-            "master_addr is only used for static rdzv_backend and when rdzv_endpoint is not "
-            "specified."
+            "master_addr is only used for static rdzv_backend and when rdzv_endpoint is not specified."
         )
     if args.node_rank != 0 and backend != "static":
         notices.append(
-            f"node_rank is only used for static rdzv_backend. It will be ignored for "
-            f"rdzv_backend={backend}."
+            f"node_rank is only used for static rdzv_backend. It will be ignored for rdzv_backend={backend}."
         )
     nproc = resolve_nproc_per_node(args.nproc_per_node, env)
     rdzv_configs = _parse_rdzv_conf(args.rdzv_conf)
@@ -704,9 +832,7 @@ def config_from_namespace(
                 str(exc), hint="TORCH_ELASTIC_SHUTDOWN_TIMEOUT must be whole seconds"
             ) from None
     elif args.shutdown_timeout < 0:
-        raise LaunchConfigError(
-            f"shutdown_timeout must be non-negative, got {args.shutdown_timeout}"
-        )
+        raise LaunchConfigError(f"shutdown_timeout must be non-negative, got {args.shutdown_timeout}")
     else:
         shutdown_timeout = args.shutdown_timeout
 
@@ -748,9 +874,7 @@ def config_from_namespace(
             torchrun_error="AssertionError",
         )
     if not args.run_path and args.no_python and not args.training_script:
-        raise LaunchConfigError(
-            "the executable to run is empty", torchrun_error="AssertionError"
-        )
+        raise LaunchConfigError("the executable to run is empty", torchrun_error="AssertionError")
 
     # Our own flags.
     kill_grace = float(args.kill_grace_period)
@@ -833,9 +957,7 @@ def config_from_namespace(
     )
 
 
-def parse_args(
-    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
-) -> LaunchConfig:
+def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> LaunchConfig:
     """Parse a torchrun-style command line into a validated :class:`LaunchConfig`.
 
     :param argv: the arguments after the program name; ``None`` = ``sys.argv[1:]``.

@@ -82,9 +82,7 @@ class LaunchConfigError(ValueError):
         return text
 
 
-def _rebuild_config_error(
-    message: str, torchrun_error: str | None, hint: str | None
-) -> LaunchConfigError:
+def _rebuild_config_error(message: str, torchrun_error: str | None, hint: str | None) -> LaunchConfigError:
     return LaunchConfigError(message, torchrun_error=torchrun_error, hint=hint)
 
 

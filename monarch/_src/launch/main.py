@@ -73,7 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("--numa-binding=%s is accepted but not applied by monarch.launch", config.numa_binding)
 
     try:
-        agent = Agent(config, Target(command=command, name=command.summary_name), launcher_env=launcher_env, log=log)
+        agent = Agent(
+            config, Target(command=command, name=command.summary_name), launcher_env=launcher_env, log=log
+        )
     except ValueError as err:
         sys.stderr.write(f"{PROG}: error: {err}\n")
         return 1
@@ -109,16 +111,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     output_writer.flush_all(2.0)
     if config.summary:
-        state = {"succeeded": "succeeded", "failed": "FAILED", "signaled": "stopped by a signal"}[outcome.state]
+        state = {"succeeded": "succeeded", "failed": "FAILED", "signaled": "stopped by a signal"}[
+            outcome.state
+        ]
         sys.stderr.write(
-            format_rank_summary(outcome.reports, attempts=outcome.attempts, max_restarts=config.max_restarts, outcome=state)
+            format_rank_summary(
+                outcome.reports, attempts=outcome.attempts, max_restarts=config.max_restarts, outcome=state
+            )
             + "\n"
         )
     if outcome.state == "failed" and outcome.error is not None:
         _write_parent_error_file(outcome, launcher_env)
         sys.stderr.write(f"monarch.launch.ChildFailedError: {outcome.error.format_msg()}\n")
     elif outcome.state == "signaled":
-        sys.stderr.write(f"monarch.launch.SignalException: Process {os.getpid()} got signal: {outcome.signum}\n")
+        sys.stderr.write(
+            f"monarch.launch.SignalException: Process {os.getpid()} got signal: {outcome.signum}\n"
+        )
     sys.stderr.flush()
     for sig, handler in previous.items():
         try:

@@ -10,7 +10,8 @@ global rank, ``[rank3]: ``, the way torch prefixes a rank's uncaught traceback.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from monarch._src.runtime import output_writer
 
@@ -26,7 +27,11 @@ def format_rank_stacks(rank: int, text: str) -> str:
 
 
 def collect_stacks(
-    runner: Any, ranks: Sequence[int], alive: Sequence[bool], label: str = "gpus", timeout: float = STACKS_TIMEOUT_S
+    runner: Any,
+    ranks: Sequence[int],
+    alive: Sequence[bool],
+    label: str = "gpus",
+    timeout: float = STACKS_TIMEOUT_S,
 ) -> str:
     """Ask every live rank of ``runner`` (an ActorMesh of Runner) for its stacks."""
     futures: dict[int, Any] = {}
@@ -52,6 +57,8 @@ def collect_stacks(
 def print_stacks(text: str, reason: str) -> None:
     """Write the dump to the launcher's stderr, after the output already queued."""
     output_writer.flush_all(1.0)
-    banner = f"==================== monarch.launch: Python stacks of every rank ({reason}) ====================\n"
+    banner = (
+        f"==================== monarch.launch: Python stacks of every rank ({reason}) ====================\n"
+    )
     output_writer.writer("stderr").write(banner + text + "=" * (len(banner) - 1) + "\n", force=True)
     output_writer.flush_all(2.0)

@@ -36,7 +36,8 @@ import logging
 import socket
 import struct
 import threading
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 logger = logging.getLogger("monarch.launch.store")
 
@@ -163,7 +164,7 @@ def _blob(value: bytes) -> bytes:
 class _Client(asyncio.Protocol):
     """One connection: parses requests as they arrive and answers in order."""
 
-    def __init__(self, server: "StoreServer") -> None:
+    def __init__(self, server: StoreServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
@@ -355,7 +356,9 @@ class _Client(asyncio.Protocol):
             return True
         if op == LIST_KEYS:
             keys = list(store.data)
-            self.send(_I64.pack(len(keys)) + b"".join(_blob(k.encode("utf-8", "surrogateescape")) for k in keys))
+            self.send(
+                _I64.pack(len(keys)) + b"".join(_blob(k.encode("utf-8", "surrogateescape")) for k in keys)
+            )
             return True
         if op == BARRIER:
             key = r.key()
@@ -413,7 +416,7 @@ class StoreServer:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def start(self, timeout: float = 10.0) -> "StoreServer":
+    def start(self, timeout: float = 10.0) -> StoreServer:
         sockets = self._bind()
         ready = threading.Event()
         failure: list[BaseException] = []
@@ -492,7 +495,7 @@ class StoreServer:
             pass  # already closed
         thread.join(5.0)
 
-    def __enter__(self) -> "StoreServer":
+    def __enter__(self) -> StoreServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -39,8 +39,9 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.endpoint import concurrent_endpoint, endpoint
@@ -257,7 +258,11 @@ def _is_internal(filename: str) -> bool:
     if name in _INTERNAL_FILES:
         return True
     base = os.path.basename(name)
-    return base in ("runpy.py", "<frozen runpy>") or "runtime" + os.sep + "bootstrap.py" in name or filename.startswith("<frozen runpy")
+    return (
+        base in ("runpy.py", "<frozen runpy>")
+        or "runtime" + os.sep + "bootstrap.py" in name
+        or filename.startswith("<frozen runpy")
+    )
 
 
 def _user_traceback(tb: Any) -> Any:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import collections.abc
 import re
-from typing import Iterator, Sequence, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 __all__ = ["Extent"]
 
@@ -120,11 +121,11 @@ class Extent(collections.abc.Mapping[str, int]):
     def __hash__(self) -> int:
         return hash((self._labels, self._sizes))
 
-    def __reduce__(self) -> tuple[type["Extent"], tuple[list[str], list[int]]]:
+    def __reduce__(self) -> tuple[type[Extent], tuple[list[str], list[int]]]:
         return (Extent, (list(self._labels), list(self._sizes)))
 
     def __repr__(self) -> str:
-        body = ", ".join(f"{format_label(l)}: {s}" for l, s in zip(self._labels, self._sizes))
+        body = ", ".join(f"{format_label(label)}: {s}" for label, s in zip(self._labels, self._sizes))
         return "{" + body + "}"
 
     __str__ = __repr__

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import operator
 from abc import ABC, abstractmethod
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.ndslice import Slice
@@ -73,8 +74,7 @@ class MeshTrait(ABC):
                     i = operator.index(sel)
                 except TypeError:
                     raise TypeError(
-                        f"slice index for '{label}' must be an int or a slice, "
-                        f"got {type(sel).__name__}"
+                        f"slice index for '{label}' must be an int or a slice, got {type(sel).__name__}"
                     ) from None
                 if not 0 <= i < size:
                     raise IndexError("index out of range")
@@ -153,15 +153,11 @@ class MeshTrait(ABC):
         if unused:
             raise ValueError(f"unused size constraints: {unused}")
         return self._new_with_shape(
-            Shape(
-                new_labels, Slice(offset=ndslice.offset, sizes=new_sizes, strides=new_strides)
-            )
+            Shape(new_labels, Slice(offset=ndslice.offset, sizes=new_sizes, strides=new_strides))
         )
 
     @staticmethod
-    def _split_sizes(
-        label: str, size: int, names: Sequence[str], constraints: dict[str, int]
-    ) -> list[int]:
+    def _split_sizes(label: str, size: int, names: Sequence[str], constraints: dict[str, int]) -> list[int]:
         """Sizes of the new dimensions, inferring at most one unknown."""
         unknown = [n for n in names if n not in constraints]
         for n in names:
@@ -189,9 +185,7 @@ class MeshTrait(ABC):
                 f"the other sizes multiply to 0"
             )
         if size % known != 0:
-            raise ValueError(
-                f"dimension '{label}' of size {size} is not evenly divided by {known}"
-            )
+            raise ValueError(f"dimension '{label}' of size {size} is not evenly divided by {known}")
         return [constraints[n] if n in constraints else size // known for n in names]
 
     def flatten(self: _M, name: str) -> _M:
@@ -210,8 +204,7 @@ class MeshTrait(ABC):
                 inner_stride = stride
             elif stride != expected:
                 raise ValueError(
-                    f"cannot flatten sparse mesh: sizes={ndslice.sizes}, "
-                    f"strides={ndslice.strides}"
+                    f"cannot flatten sparse mesh: sizes={ndslice.sizes}, strides={ndslice.strides}"
                 )
             expected = stride * size
         n = len(ndslice)

@@ -14,7 +14,8 @@ cache what they need on first use.
 from __future__ import annotations
 
 import operator
-from typing import Iterable, Iterator, Sequence, SupportsIndex, overload
+from collections.abc import Iterable, Iterator, Sequence
+from typing import SupportsIndex, overload
 
 __all__ = ["Slice", "NDSlice"]
 
@@ -129,13 +130,13 @@ class Slice:
     # -- constructors ----------------------------------------------------
 
     @classmethod
-    def new_row_major(cls, sizes: Sequence[int]) -> "Slice":
+    def new_row_major(cls, sizes: Sequence[int]) -> Slice:
         """Dense row-major slice at offset 0: the layout of a freshly created mesh."""
         sizes_t = tuple(sizes)
         return cls(offset=0, sizes=sizes_t, strides=_row_major_strides(sizes_t))
 
     @classmethod
-    def from_list(cls, ranks: Iterable[int]) -> "Slice":
+    def from_list(cls, ranks: Iterable[int]) -> Slice:
         """Build a slice whose iteration yields exactly ``ranks`` (in that order).
 
         Dimensions are found innermost first, always taking the longest
@@ -327,9 +328,7 @@ class Slice:
         if not isinstance(other, Slice):
             return NotImplemented
         return (
-            self._offset == other._offset
-            and self._sizes == other._sizes
-            and self._strides == other._strides
+            self._offset == other._offset and self._sizes == other._sizes and self._strides == other._strides
         )
 
     def __hash__(self) -> int:

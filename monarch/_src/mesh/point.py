@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import collections.abc
 import operator
-from typing import Iterator, TypeVar
+from collections.abc import Iterator
+from typing import TypeVar
 
 from monarch._src.mesh.extent import Extent
 
@@ -87,7 +88,7 @@ class Point(collections.abc.Mapping[str, int]):
     def __hash__(self) -> int:
         return hash((self._rank, self._extent))
 
-    def __reduce__(self) -> tuple[type["Point"], tuple[int, Extent]]:
+    def __reduce__(self) -> tuple[type[Point], tuple[int, Extent]]:
         return (Point, (self._rank, self._extent))
 
     def __repr__(self) -> str:

@@ -9,7 +9,7 @@ touch offset/sizes/strides, so the result keeps addressing the original list.
 from __future__ import annotations
 
 import operator
-from typing import Sequence
+from collections.abc import Sequence
 
 from monarch._src.mesh.extent import Extent, label_index
 from monarch._src.mesh.ndslice import Slice
@@ -46,12 +46,12 @@ class Shape:
     # -- constructors ------------------------------------------------------
 
     @staticmethod
-    def from_extent(extent: Extent) -> "Shape":
+    def from_extent(extent: Extent) -> Shape:
         """Dense row-major shape at offset 0 (the shape of a freshly created mesh)."""
         return Shape(extent.labels, Slice.new_row_major(extent.sizes))
 
     @staticmethod
-    def unity() -> "Shape":
+    def unity() -> Shape:
         """The 0-dimensional shape containing only base rank 0."""
         return Shape([], Slice(offset=0, sizes=[], strides=[]))
 
@@ -91,7 +91,7 @@ class Shape:
         except (KeyError, TypeError):
             raise ValueError(f"Shape does not have dimension labeled '{label}'") from None
 
-    def _at_dim(self, d: int, i: int) -> "Shape":
+    def _at_dim(self, d: int, i: int) -> Shape:
         """Drop dimension ``d`` fixing its coordinate to ``i`` (caller has validated)."""
         s = self._slice
         sizes, strides = s.sizes, s.strides
@@ -100,7 +100,7 @@ class Shape:
         labels = self._labels[:d] + self._labels[d + 1 :]
         return Shape(labels, Slice(offset=offset, sizes=sizes, strides=strides))
 
-    def _select_dim(self, d: int, start: int, size: int, step: int) -> "Shape":
+    def _select_dim(self, d: int, start: int, size: int, step: int) -> Shape:
         """Keep dimension ``d`` restricted to ``size`` coordinates ``start, start+step, ...``."""
         s = self._slice
         sizes, strides = s.sizes, s.strides
@@ -109,7 +109,7 @@ class Shape:
         strides[d] = strides[d] * step
         return Shape(self._labels, Slice(offset=offset, sizes=sizes, strides=strides))
 
-    def at(self, label: str, index: int) -> "Shape":
+    def at(self, label: str, index: int) -> Shape:
         """Fix ``label`` to ``index`` and drop that dimension.
 
         Unknown label or index past the end -> ``ValueError``; negative index ->
@@ -124,7 +124,7 @@ class Shape:
             raise ValueError(f"index {i} out of range for dimension '{label}' of size {size}")
         return self._at_dim(d, i)
 
-    def select(self, label: str, slice: _pyslice) -> "Shape":
+    def select(self, label: str, slice: _pyslice) -> Shape:
         """Restrict ``label`` to a Python ``slice`` (start/stop/step), keeping the dimension."""
         d = self._dim(label)
         if not isinstance(slice, _pyslice):
@@ -134,7 +134,7 @@ class Shape:
         start, stop, step = slice.indices(self._slice.sizes[d])
         return self._select_dim(d, start, len(range(start, stop, step)), step)
 
-    def index(self, **kwargs: int) -> "Shape":
+    def index(self, **kwargs: int) -> Shape:
         """Apply :meth:`at` for every ``label=index`` given."""
         shape = self
         for label, i in kwargs.items():
@@ -151,12 +151,12 @@ class Shape:
     def __hash__(self) -> int:
         return hash((self._labels, self._slice))
 
-    def __reduce__(self) -> tuple[type["Shape"], tuple[list[str], Slice]]:
+    def __reduce__(self) -> tuple[type[Shape], tuple[list[str], Slice]]:
         return (Shape, (list(self._labels), self._slice))
 
     def __str__(self) -> str:
         sizes = self._slice.sizes
-        return "{" + ",".join(f"{l}={s}" for l, s in zip(self._labels, sizes)) + "}"
+        return "{" + ",".join(f"{label}={s}" for label, s in zip(self._labels, sizes)) + "}"
 
     def __repr__(self) -> str:
         return f"Shape(labels={list(self._labels)!r}, slice={self._slice!r})"

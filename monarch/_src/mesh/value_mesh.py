@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import operator
 import textwrap
-from typing import Any, Generic, Iterable, Iterator, Sequence, TypeVar
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 from monarch._src.mesh.mesh_trait import MeshTrait
 from monarch._src.mesh.point import Point
@@ -29,18 +30,16 @@ class ValueMesh(MeshTrait, Generic[R]):
             raise TypeError(f"shape must be a Shape, got {type(shape).__name__}")
         values_l = list(values)
         if len(values_l) != len(shape):
-            raise ValueError(
-                f"expected {len(shape)} values for shape {shape}, got {len(values_l)}"
-            )
+            raise ValueError(f"expected {len(shape)} values for shape {shape}, got {len(values_l)}")
         self._value_shape = shape
         self._values = values_l
 
-    def __class_getitem__(cls, item: Any) -> type["ValueMesh[Any]"]:
+    def __class_getitem__(cls, item: Any) -> type[ValueMesh[Any]]:
         """``ValueMesh[int] is ValueMesh`` at runtime; the parameter is for type checkers only."""
         return cls
 
     @classmethod
-    def from_indexed(cls, shape: Shape, pairs: Iterable[tuple[int, R]]) -> "ValueMesh[R]":
+    def from_indexed(cls, shape: Shape, pairs: Iterable[tuple[int, R]]) -> ValueMesh[R]:
         """Build from ``(local_rank, value)`` pairs in any order; the last write for a rank wins."""
         n = len(shape)
         missing = object()
@@ -63,7 +62,7 @@ class ValueMesh(MeshTrait, Generic[R]):
     def _shape(self) -> Shape:
         return self._value_shape
 
-    def _new_with_shape(self, shape: Shape) -> "ValueMesh[R]":
+    def _new_with_shape(self, shape: Shape) -> ValueMesh[R]:
         old = self._value_shape.ndslice
         values = self._values
         new = shape.ndslice
@@ -80,9 +79,7 @@ class ValueMesh(MeshTrait, Generic[R]):
             try:
                 new_values = [values[old.index(r)] for r in new]
             except ValueError:
-                raise ValueError(
-                    f"shape {shape} is not contained in {self._value_shape}"
-                ) from None
+                raise ValueError(f"shape {shape} is not contained in {self._value_shape}") from None
         return ValueMesh(shape, new_values)
 
     # -- access ------------------------------------------------------------------
@@ -118,15 +115,13 @@ class ValueMesh(MeshTrait, Generic[R]):
         for label, c, size in zip(shape.labels, coords, shape.ndslice.sizes):
             c = operator.index(c)
             if not 0 <= c < size:
-                raise ValueError(
-                    f"coordinate {c} out of range for dimension '{label}' of size {size}"
-                )
+                raise ValueError(f"coordinate {c} out of range for dimension '{label}' of size {size}")
             pos = pos * size + c
         return self._values[pos]
 
     # -- value semantics -----------------------------------------------------------
 
-    def __reduce__(self) -> tuple[type["ValueMesh[Any]"], tuple[Shape, list[R]]]:
+    def __reduce__(self) -> tuple[type[ValueMesh[Any]], tuple[Shape, list[R]]]:
         return (ValueMesh, (self._value_shape, self._values))
 
     def __repr__(self) -> str:

@@ -18,7 +18,8 @@ import queue
 import socket
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from monarch._src.runtime import framework_log
 from monarch._src.runtime.runtime import Runtime
@@ -29,7 +30,7 @@ BOOTSTRAP_ENV = "MONARCH_BOOTSTRAP"
 EXIT_GRACE_S = 3.0
 
 #: Work for the main thread: callables, or an int exit code that ends the worker.
-_main_queue: "queue.SimpleQueue[Callable[[], Any] | int]" = queue.SimpleQueue()
+_main_queue: queue.SimpleQueue[Callable[[], Any] | int] = queue.SimpleQueue()
 
 
 def request_exit(code: int = 0) -> None:

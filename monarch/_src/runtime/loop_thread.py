@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from typing import Any, Callable
-
+from collections.abc import Callable
+from typing import Any
 
 #: Set to "asyncio" to run the runtime on the standard library's loop instead of uvloop.
 LOOP_ENV = "MONARCH_EVENT_LOOP"

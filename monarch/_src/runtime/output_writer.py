@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 #: Characters a writer may hold before ``write`` starts refusing.
 DEFAULT_MAX_PENDING = 8 << 20

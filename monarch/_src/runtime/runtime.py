@@ -18,7 +18,8 @@ import logging
 import os
 import socket
 import threading
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 from monarch._src.runtime import shm
 from monarch._src.runtime.config import CONFIG
@@ -98,10 +99,10 @@ def bind_unix_socket(path: str) -> socket.socket:
 class Runtime:
     """See the module docstring. Use ``Runtime.get()`` for this process's instance."""
 
-    _instance: ClassVar["Runtime | None"] = None
+    _instance: ClassVar[Runtime | None] = None
     _instance_lock: ClassVar[threading.RLock] = threading.RLock()
     #: Upper layers install their message handlers through these, on every new runtime.
-    _start_hooks: ClassVar[list[Callable[["Runtime"], None]]] = []
+    _start_hooks: ClassVar[list[Callable[[Runtime], None]]] = []
 
     def __init__(
         self,
@@ -148,7 +149,7 @@ class Runtime:
     # -- process-wide instance ----------------------------------------------------------------
 
     @classmethod
-    def get(cls) -> "Runtime":
+    def get(cls) -> Runtime:
         rt = cls._instance
         if rt is not None and not rt.closed:
             return rt
@@ -163,17 +164,17 @@ class Runtime:
             return cls._instance  # type: ignore[return-value]
 
     @classmethod
-    def current(cls) -> "Runtime | None":
+    def current(cls) -> Runtime | None:
         return cls._instance
 
     @classmethod
-    def install(cls, rt: "Runtime") -> None:
+    def install(cls, rt: Runtime) -> None:
         """Make ``rt`` this process's runtime."""
         with cls._instance_lock:
             cls._instance = rt
 
     @classmethod
-    def add_start_hook(cls, hook: Callable[["Runtime"], None]) -> None:
+    def add_start_hook(cls, hook: Callable[[Runtime], None]) -> None:
         """Run ``hook(runtime)`` on every runtime, before it accepts connections."""
         with cls._instance_lock:
             cls._start_hooks.append(hook)

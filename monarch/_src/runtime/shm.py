@@ -22,7 +22,8 @@ import os
 import threading
 import time
 import weakref
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 

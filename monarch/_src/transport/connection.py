@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Optional, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 from monarch._src.transport import auth
 from monarch._src.wire.frame import (
@@ -53,7 +54,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
         secret: bytes,
         max_frame_bytes: int,
         on_frame: FrameHandler,
-        on_close: Callable[["IncomingConnection", Optional[BaseException]], None] | None = None,
+        on_close: Callable[[IncomingConnection, BaseException | None], None] | None = None,
         name: str = "",
     ) -> None:
         self.name = name

@@ -22,7 +22,8 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from monarch._src.transport import auth
 from monarch._src.transport.cork import note_corked
@@ -55,7 +56,7 @@ class OutgoingConnection:
         loop: asyncio.AbstractEventLoop,
         path: str,
         secret: bytes,
-        on_close: Callable[["OutgoingConnection", BaseException], None],
+        on_close: Callable[[OutgoingConnection, BaseException], None],
         name: str,
         loop_ident: int | None,
     ) -> None:
@@ -213,7 +214,9 @@ class OutgoingConnection:
 
     def _handshake_timeout(self) -> None:
         if not self.authenticated:
-            self._fail(auth.HandshakeError(f"handshake with {self.name} not completed within {HANDSHAKE_TIMEOUT_S}s"))
+            self._fail(
+                auth.HandshakeError(f"handshake with {self.name} not completed within {HANDSHAKE_TIMEOUT_S}s")
+            )
 
     def _readable(self) -> None:
         try:

@@ -10,7 +10,8 @@ straight into its final buffer.
 from __future__ import annotations
 
 import struct
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgpack
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import io
 import pickle
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 #: Buffers smaller than this stay inside the pickle stream: a separate write costs more.
 OUT_OF_BAND_THRESHOLD = 64 * 1024
