@@ -12,11 +12,15 @@ which then reuses the file, its pages already in place. Files beyond the pool's 
 one-shot: the receiver unlinks them at once.
 
 Names carry the job's tag, so the client can sweep whatever a crashed process left behind
-(``sweep``). Where ``/dev/shm`` is missing or full, senders use the socket.
+(``sweep``). Where ``/dev/shm`` is missing or full, senders use
+the socket: a file's space is reserved (``posix_fallocate``) before a byte goes into it, and a
+receiver maps only files whose pages all exist, so a full ``/dev/shm`` never raises SIGBUS,
+which would kill the process touching the missing page.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import threading
@@ -27,14 +31,37 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+logger = logging.getLogger("monarch.runtime")
+
 SHM_DIR = "/dev/shm"
 #: Buffers at least this large go through shared memory.
 THRESHOLD = 1 << 20
 _available = os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+_warned = False
 
 
 def available() -> bool:
     return _available
+
+
+def _fall_back(reason: str) -> None:
+    """Large buffers of this process go through the socket this time; say so once."""
+    global _warned
+    if not _warned:
+        _warned = True
+        logger.warning(
+            "%s: large messages of this process go through the socket instead (slower).\n"
+            "HINT: give %s more space (docker run --shm-size=...), or send smaller buffers.",
+            reason,
+            SHM_DIR,
+        )
+
+
+def disable(reason: str) -> None:
+    """Stop using ``/dev/shm`` in this process (it is unusable)."""
+    global _available
+    _available = False
+    _fall_back(reason)
 
 
 def _new_name(job_tag: str) -> str:
@@ -48,21 +75,23 @@ def _names_in_shm(prefix: str) -> list[str]:
         return []
 
 
-def _create(job_tag: str, fill: Callable[[int], T]) -> tuple[str, T] | None:
-    """A new file of this job in ``/dev/shm``, filled by ``fill(fd)``; (name, what ``fill``
-    returned), or None where ``/dev/shm`` is unusable or full (senders then use the socket)."""
-    global _available
+def _create(job_tag: str, size: int, fill: Callable[[int], T]) -> tuple[str, T] | None:
+    """A new file of this job in ``/dev/shm`` with ``size`` bytes reserved, filled by
+    ``fill(fd)``; (name, what ``fill`` returned), or None where ``/dev/shm`` is unusable or
+    full (senders then use the socket)."""
     name = _new_name(job_tag)
     path = os.path.join(SHM_DIR, name)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    except OSError:
-        _available = False
+    except OSError as e:
+        disable(f"cannot create files in {SHM_DIR} ({e})")
         return None
     try:
+        os.posix_fallocate(fd, 0, size)  # writes into a page the tmpfs lacks raise SIGBUS
         return name, fill(fd)
-    except OSError:
+    except OSError as e:
         os.unlink(path)
+        _fall_back(f"{SHM_DIR} has no room for {size} bytes ({e})")
         return None
     finally:
         os.close(fd)
@@ -76,7 +105,7 @@ def _write_all(fd: int, buffer: memoryview) -> None:
 
 def export(job_tag: str, buffer: memoryview) -> bytes | None:
     """Copy ``buffer`` into a new shared-memory file; its name, or None to use the socket."""
-    created = _create(job_tag, lambda fd: _write_all(fd, buffer))
+    created = _create(job_tag, memoryview(buffer).nbytes, lambda fd: _write_all(fd, buffer))
     return created[0].encode() if created is not None else None
 
 
@@ -97,6 +126,22 @@ def _read_exactly(fd: int, size: int, path: str) -> bytes:
     return data
 
 
+def _map(fd: int, size: int, path: str) -> mmap.mmap | bytearray:
+    """The first ``size`` bytes of the file, mapped copy-on-write (or copied, see below).
+
+    Touching a page the file lacks (beyond its end, or a hole when the tmpfs is full) would
+    raise SIGBUS and kill this process; such a file (truncated, or sparse: a peer that did not
+    reserve its space) is checked for first, and a sparse one is read instead (holes read as
+    zeros without allocating).
+    """
+    st = os.fstat(fd)
+    if st.st_size < size:
+        raise OSError(f"shared-memory buffer {path} has {st.st_size} bytes, not {size}")
+    if st.st_blocks * 512 < size:
+        return bytearray(_read_exactly(fd, size, path))
+    return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
 def import_(name: bytes, as_bytes: bool = False) -> memoryview | bytes:
     """Map a buffer a peer exported (copy-on-write) and remove its name.
 
@@ -112,7 +157,7 @@ def import_(name: bytes, as_bytes: bool = False) -> memoryview | bytes:
             return _read_exactly(fd, size, path)
         if size == 0:
             return memoryview(b"")
-        return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+        return memoryview(_map(fd, size, path))
     finally:
         os.close(fd)
 
@@ -134,15 +179,18 @@ def borrow(name: bytes, size: int, as_bytes: bool, give_back: Callable[[], None]
         if as_bytes or size == 0:
             give_back()
             return _read_exactly(fd, size, path) if size else b""
-        mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        data = _map(fd, size, path)
     except BaseException:
         if not as_bytes:
             give_back()
         raise
     finally:
         os.close(fd)
-    weakref.finalize(mapping, give_back).atexit = False
-    return memoryview(mapping)
+    if isinstance(data, bytearray):  # a copy: the file is no longer needed
+        give_back()
+    else:
+        weakref.finalize(data, give_back).atexit = False
+    return memoryview(data)
 
 
 class _Slot:
@@ -215,11 +263,7 @@ class SendPool:
             return slot
 
     def _new_slot(self, capacity: int) -> _Slot | None:
-        def mapped(fd: int) -> mmap.mmap:
-            os.ftruncate(fd, capacity)
-            return mmap.mmap(fd, capacity)
-
-        created = _create(self._job_tag, mapped)
+        created = _create(self._job_tag, capacity, lambda fd: mmap.mmap(fd, capacity))
         if created is None:
             return None
         self._bytes += capacity
