@@ -301,10 +301,13 @@ class SendPool:
             return bool(keep)
 
     def reclaim(self, borrower: str) -> None:
-        """``borrower`` is gone: whatever it held is free again."""
+        """``borrower`` is gone: the files it held are removed at once, their memory back to the
+        system (a restarted worker would otherwise pin its predecessor's until a trim)."""
         with self._lock:
-            names = [name for name, slot in self._lent.items() if slot.borrower == borrower]
-        self.give_back(names)
+            for name, slot in list(self._lent.items()):
+                if slot.borrower == borrower:
+                    del self._lent[name]
+                    self._discard(slot)
 
     def close(self) -> None:
         """Remove every file (mappings that receivers hold stay valid until they unmap)."""
