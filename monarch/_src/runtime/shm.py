@@ -11,8 +11,8 @@ maps a lent file, and when the last object using that mapping is gone it tells t
 which then reuses the file, its pages already in place. Files beyond the pool's budget are
 one-shot: the receiver unlinks them at once.
 
-Names carry the job's tag, so the client can sweep whatever a crashed process left behind
-(``sweep``). Where ``/dev/shm`` is missing or full, senders use
+Names carry the job's tag, so whatever a crashed process left behind can be swept (``sweep``;
+``job_files`` decides when a job is over). Where ``/dev/shm`` is missing or full, senders use
 the socket: a file's space is reserved (``posix_fallocate``) before a byte goes into it, and a
 receiver maps only files whose pages all exist, so a full ``/dev/shm`` never raises SIGBUS,
 which would kill the process touching the missing page.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import stat
 import threading
 import time
 import weakref
@@ -73,6 +74,31 @@ def _names_in_shm(prefix: str) -> list[str]:
         return [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
     except OSError:
         return []
+
+
+def lock_path(job_tag: str) -> str:
+    """The job's lock file (see ``job_files``); not a buffer, so ``sweep`` leaves it."""
+    return os.path.join(SHM_DIR, f"monarch-{job_tag}.lock")
+
+
+def files_by_job() -> dict[str, list[str]]:
+    """This user's buffer files in ``/dev/shm`` by job tag; a job with only a lock file left
+    has an empty list. Files of other users are not listed: they are never ours to remove."""
+    jobs: dict[str, list[str]] = {}
+    uid = os.geteuid()
+    for name in _names_in_shm("monarch-"):
+        path = os.path.join(SHM_DIR, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid != uid or not stat.S_ISREG(st.st_mode):
+            continue
+        if name.endswith(".lock"):
+            jobs.setdefault(name[len("monarch-") : -len(".lock")], [])
+        elif name.count("-") >= 2:
+            jobs.setdefault(name[len("monarch-") :].rsplit("-", 1)[0], []).append(path)
+    return jobs
 
 
 def _create(job_tag: str, size: int, fill: Callable[[int], T]) -> tuple[str, T] | None:
@@ -317,27 +343,6 @@ class SendPool:
                 self._discard(slot)
             self._free.clear()
             self._lent.clear()
-
-
-def sweep_orphans(job_exists: Callable[[str], bool]) -> None:
-    """Remove buffers of jobs that no longer exist (their receivers died before reading).
-
-    Only buffers older than a minute: a live job elsewhere (another TMPDIR) reads its own
-    within milliseconds.
-    """
-    import time
-
-    cutoff = time.time() - 60
-    for name in _names_in_shm("monarch-"):
-        if name.count("-") < 2:
-            continue
-        tag = name[len("monarch-") :].rsplit("-", 1)[0]
-        path = os.path.join(SHM_DIR, name)
-        try:
-            if not job_exists(tag) and os.stat(path).st_mtime < cutoff:
-                os.unlink(path)
-        except OSError:
-            pass
 
 
 def sweep(job_tag: str) -> None:
