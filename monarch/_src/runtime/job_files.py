@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import stat
 
 from monarch._src.runtime import shm
 
@@ -54,14 +55,50 @@ def try_lock(path: str, create: bool = False) -> int | None:
     return None
 
 
+def _untrusted(base: str) -> str | None:
+    """Why ``base`` must not hold this user's sockets, or None where it is private."""
+    try:
+        st = os.lstat(base)
+    except OSError as e:
+        return f"cannot be inspected ({e})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & 0o077:
+        return f"has mode {stat.S_IMODE(st.st_mode):o}, open to other users (it must be 700)"
+    return None
+
+
 def _socket_base() -> tuple[str, bool]:
     """The directory new job directories go in, and whether it is the shared per-user one
-    (where earlier jobs are swept)."""
+    (where earlier jobs are swept). An untrusted one (another user could remove or replace
+    our sockets in it) is not used: the job directory then goes straight into ``$TMPDIR``."""
     import tempfile  # the client's alone: workers start faster without it
 
-    base = os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
-    os.makedirs(base, mode=0o700, exist_ok=True)
-    return base, True
+    tmp = tempfile.gettempdir()
+    base = os.path.join(tmp, f"monarch-{os.getuid()}")
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        logger.warning("cannot create the socket directory %s (%s); using a private one in %s", base, e, tmp)
+        return tmp, False
+    problem = _untrusted(base)
+    if problem is None:
+        return base, True
+    logger.warning(
+        "the socket directory %s %s: another user could remove or replace this job's sockets in it. "
+        "Using a private directory in %s instead.\nHINT: remove %s (it is recreated private).",
+        base,
+        problem,
+        tmp,
+        base,
+    )
+    return tmp, False
 
 
 def new_job_dir() -> str:
