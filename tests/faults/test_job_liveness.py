@@ -13,72 +13,81 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import cloudpickle
-import numpy as np
-from helpers import wait_gone
+import pytest
+from helpers import REPO, run_python, run_python_with_private_shm, wait_gone
 
-from monarch._src.actor.proc import runtime
-from monarch.actor import Actor, endpoint
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-REPO = Path(__file__).resolve().parents[2]
 ELEMS = (4 << 20) // 8  # 4 MiB of float64: through shared memory
-LONG_AGO = time.time() - 3600
 
+
+def _start_client(tmpdir: Path) -> None:
+    """A client with its own ``$TMPDIR`` starts (and sweeps), then exits."""
+    proc = run_python(
+        "from monarch._src.actor.proc import runtime; print(runtime().socket_dir)", TMPDIR=str(tmpdir)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(str(tmpdir)), proc.stdout
+
+
+# The next two make a job's files look old, which the old sweep of any client on this machine
+# would act on: they run in a private /dev/shm, out of every other process's sight.
+
+LIVE_JOB = """
+import glob, os, subprocess, sys, tempfile, time
+import numpy as np
+from monarch.actor import Actor, endpoint, this_host
+from monarch._src.actor.proc import runtime
 
 class Doubler(Actor):
     @endpoint
     def double(self, x):
         return x * 2
 
+pm = this_host().spawn_procs(per_host={"gpus": 1})
+d = pm.spawn("d", Doubler)
+for fill in range(3):  # pooled files on both sides, reused across calls
+    d.double.call_one(np.full(ELEMS, float(fill))).get(timeout=30)
+ours = glob.glob(f"/dev/shm/monarch-{runtime().job_tag}-*")
+assert ours
+for path in ours:  # a long-running job: its files are old
+    os.utime(path, (time.time() - 3600,) * 2)
+with tempfile.TemporaryDirectory() as other_tmp:  # a second client, another TMPDIR, starts
+    code = "from monarch._src.actor.proc import runtime; runtime()"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30, env=dict(os.environ, TMPDIR=other_tmp))
+for fill in range(5):
+    print(float(d.double.call_one(np.full(ELEMS, float(fill))).get(timeout=10)[0]), flush=True)
+print("KEPT", set(ours) <= set(glob.glob(f"/dev/shm/monarch-{runtime().job_tag}-*")))
+pm.stop().get(timeout=10)
+""".replace("ELEMS", str(ELEMS))
 
-def _start_client(tmpdir: Path) -> None:
-    """A client with its own ``$TMPDIR`` starts (and sweeps), then exits."""
-    proc = subprocess.run(
-        [sys.executable, "-c", "from monarch._src.actor.proc import runtime; print(runtime().socket_dir)"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=REPO,
-        env=dict(os.environ, TMPDIR=str(tmpdir)),
-    )
+
+@pytest.mark.timeout(120)
+def test_live_job_keeps_working_while_a_client_with_another_tmpdir_starts():
+    proc = run_python_with_private_shm(LIVE_JOB)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(str(tmpdir)), proc.stdout
+    assert proc.stdout.split() == ["0.0", "2.0", "4.0", "6.0", "8.0", "KEPT", "True"]
 
 
-def test_live_job_keeps_working_while_a_client_with_another_tmpdir_starts(procs1, tmp_path):
-    doubler = procs1.spawn("doubler", Doubler)
-    for fill in range(3):  # pooled files on both sides, in use across calls
-        assert float(doubler.double.call_one(np.full(ELEMS, fill)).get(timeout=30)[0]) == 2 * fill
-    ours = glob.glob(f"/dev/shm/monarch-{runtime().job_tag}-*")
-    assert ours
-    for path in ours:  # a long-running job: its files are old
-        os.utime(path, (LONG_AGO, LONG_AGO))
-    _start_client(tmp_path)
-    for fill in range(5):
-        assert float(doubler.double.call_one(np.full(ELEMS, fill)).get(timeout=10)[0]) == 2 * fill
-    assert set(ours) <= set(glob.glob(f"/dev/shm/monarch-{runtime().job_tag}-*"))
+OTHER_USER = """
+import os, time
+from monarch._src.actor.proc import runtime
+
+names = [f"/dev/shm/monarch-job-otheruser-{i:016x}" for i in range(2)] + ["/dev/shm/monarch-job-otheruser.lock"]
+for path in names:
+    with open(path, "wb") as f:
+        f.write(b"x")
+    os.chown(path, 65534, 65534)  # nobody's
+    os.utime(path, (time.time() - 3600,) * 2)
+runtime()  # a client starts, and sweeps
+print(*[os.path.exists(p) for p in names])
+"""
 
 
-def test_files_of_another_user_are_never_touched(tmp_path):
-    nobody = 65534
-    names = [f"/dev/shm/monarch-job-otheruser{os.getpid()}-{i:016x}" for i in range(2)]
-    names.append(f"/dev/shm/monarch-job-otheruser{os.getpid()}.lock")
-    try:
-        for path in names:
-            with open(path, "wb") as f:
-                f.write(b"x")
-            os.chown(path, nobody, nobody)
-            os.utime(path, (LONG_AGO, LONG_AGO))
-        _start_client(tmp_path)
-        assert [os.path.exists(p) for p in names] == [True] * len(names)
-    finally:
-        for path in names:
-            Path(path).unlink(missing_ok=True)
+def test_files_of_another_user_are_never_touched():
+    proc = run_python_with_private_shm(OTHER_USER)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True"] * 3
 
 
 DEAD_CLIENT = """

@@ -6,44 +6,18 @@ Each test runs a whole client (and so its workers) in a private mount namespace 
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from helpers import run_python_with_private_shm
 
-REPO = Path(__file__).resolve().parents[2]
 WARNING = "large messages of this process go through the socket instead"
 
 
-def _can_unshare() -> str | None:
-    """Why a private mount namespace cannot be had here, or None."""
-    if shutil.which("unshare") is None:
-        return "the unshare command is missing"
-    probe = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
-        capture_output=True,
-        text=True,
-    )
-    return None if probe.returncode == 0 else f"no private mount namespace: {probe.stderr.strip()}"
-
-
-def _run_with_small_shm(code: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    reason = _can_unshare()
-    if reason is not None:
-        pytest.skip(reason)
-    shell = f'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -c "$0"'
-    return subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", shell, textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env=dict(os.environ, MONARCH_STDERR_LOG="WARN"),  # framework warnings also on stderr
-    )
+def _run_with_small_shm(code: str) -> subprocess.CompletedProcess[str]:
+    # MONARCH_STDERR_LOG: the framework's warnings go to stderr too, where the test sees them.
+    return run_python_with_private_shm(textwrap.dedent(code), shm_size="64m", MONARCH_STDERR_LOG="WARN")
 
 
 @pytest.mark.timeout(120)

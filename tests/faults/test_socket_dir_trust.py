@@ -8,14 +8,12 @@ with ``lstat`` and, when it is not a private directory of its own, uses a fresh 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import run_python
 
-REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 
 CLIENT = """
@@ -58,14 +56,7 @@ def test_client_uses_a_private_directory_instead(tmp_path: Path, prepare: Callab
     base = tmp_path / f"monarch-{os.getuid()}"
     prepare(base)
     before = os.lstat(base)
-    proc = subprocess.run(
-        [sys.executable, "-c", CLIENT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=dict(os.environ, TMPDIR=str(tmp_path), MONARCH_STDERR_LOG="WARN"),
-    )
+    proc = run_python(CLIENT, TMPDIR=str(tmp_path), MONARCH_STDERR_LOG="WARN")
     assert proc.returncode == 0, proc.stderr
     answer, socket_dir = proc.stdout.split()
     assert answer == "works"
