@@ -108,6 +108,10 @@ def _create(job_tag: str, size: int, fill: Callable[[int], T]) -> tuple[str, T] 
     name = _new_name(job_tag)
     path = os.path.join(SHM_DIR, name)
     try:
+        free = os.statvfs(SHM_DIR)
+        if free.f_bavail * free.f_frsize < size:  # not worth a try, which holds what is left a while
+            _fall_back(f"{SHM_DIR} has no room for {size} bytes ({free.f_bavail * free.f_frsize} free)")
+            return None
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     except OSError as e:
         disable(f"cannot create files in {SHM_DIR} ({e})")
