@@ -3,8 +3,13 @@ for its conftest)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -43,3 +48,42 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
     while running(pids) and time.monotonic() < deadline:
         time.sleep(0.02)
     return running(pids)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_python(code: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (a client of its own) from the repository root, with
+    ``env`` added to this environment; its output is captured as text."""
+    return _run([sys.executable, "-c", code], timeout, env)
+
+
+def run_python_with_private_shm(
+    code: str, shm_size: str = "64m", timeout: float = 90, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``run_python`` in a private mount namespace with a fresh tmpfs of ``shm_size`` on
+    ``/dev/shm``: the whole job (workers too) sees only its own files there, and other
+    processes of the machine never see them. Skips the test where that needs what is missing
+    (the ``unshare`` command, or the right to mount)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("a private /dev/shm needs the unshare command, which is missing")
+    unshare = ["unshare", "-m", "--propagation", "private", "sh", "-c"]
+    probe = subprocess.run(
+        [*unshare, "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount namespace with its own /dev/shm here: {probe.stderr.strip()}")
+    shell = f'mount -t tmpfs -o size={shm_size} tmpfs /dev/shm && exec {sys.executable} -c "$0"'
+    return _run([*unshare, shell, code], timeout, env)
+
+
+def _run(argv: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=dict(os.environ, **env),
+    )

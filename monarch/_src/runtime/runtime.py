@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import ClassVar
 
-from monarch._src.runtime import shm
+from monarch._src.runtime import job_files, shm
 from monarch._src.runtime.config import CONFIG
 from monarch._src.runtime.loop_thread import LoopThread
 from monarch._src.transport import auth
@@ -46,47 +46,6 @@ def socket_path(address: str) -> str:
     if not address.startswith(ADDRESS_PREFIX):
         raise ValueError(f"unsupported proc address {address!r}")
     return address[len(ADDRESS_PREFIX) :]
-
-
-def new_socket_dir() -> str:
-    """A private (0700) directory for this job's Unix sockets."""
-    import tempfile  # the client's alone: workers start faster without it
-
-    base = os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
-    os.makedirs(base, mode=0o700, exist_ok=True)
-    sweep_stale_jobs(base)
-    return tempfile.mkdtemp(prefix="job-", dir=base)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sweep_stale_jobs(base: str) -> None:
-    """Remove what jobs whose processes are all gone left behind (a client killed with -9
-    cannot clean up): their socket directories and shared-memory buffers."""
-    import shutil  # the client's alone, like new_socket_dir
-
-    try:
-        jobs = os.listdir(base)
-    except OSError:
-        return
-    for job in jobs:
-        path = os.path.join(base, job)
-        try:
-            pids = {int(name.split("-", 1)[0]) for name in os.listdir(path) if name.endswith(".sock")}
-        except (OSError, ValueError):
-            continue
-        if pids and not any(_alive(pid) for pid in pids):
-            shutil.rmtree(path, ignore_errors=True)
-            shm.sweep(job)
-    shm.sweep_orphans(lambda tag: os.path.isdir(os.path.join(base, tag)))
 
 
 def bind_unix_socket(path: str) -> socket.socket:
@@ -406,10 +365,7 @@ class Runtime:
             pass
         self._send_pool.close()
         if self._owns_socket_dir:
-            import shutil
-
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
-            shm.sweep(self.job_tag)
+            job_files.remove(self.socket_dir)
         # Runtime._instance keeps pointing here: late senders get a clear error, and never a
         # fresh runtime with another secret.
 
@@ -417,4 +373,4 @@ class Runtime:
 def new_client_runtime() -> Runtime:
     secret = auth.new_secret()
     # Shut down at exit by ``shutdown_context`` (host layer), after the workers it spawned.
-    return Runtime(secret=secret, socket_dir=new_socket_dir(), owns_socket_dir=True)
+    return Runtime(secret=secret, socket_dir=job_files.new_job_dir(), owns_socket_dir=True)

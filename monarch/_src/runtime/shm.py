@@ -11,14 +11,19 @@ maps a lent file, and when the last object using that mapping is gone it tells t
 which then reuses the file, its pages already in place. Files beyond the pool's budget are
 one-shot: the receiver unlinks them at once.
 
-Names carry the job's tag, so the client can sweep whatever a crashed process left behind
-(``sweep``). Where ``/dev/shm`` is missing or full, senders use the socket.
+Names carry the job's tag, so whatever a crashed process left behind can be swept (``sweep``;
+``job_files`` decides when a job is over). Where ``/dev/shm`` is missing or full, senders use
+the socket: a file's space is reserved (``posix_fallocate``) before a byte goes into it, and a
+receiver maps only files whose pages all exist, so a full ``/dev/shm`` never raises SIGBUS,
+which would kill the process touching the missing page.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
+import stat
 import threading
 import time
 import weakref
@@ -27,14 +32,37 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+logger = logging.getLogger("monarch.runtime")
+
 SHM_DIR = "/dev/shm"
 #: Buffers at least this large go through shared memory.
 THRESHOLD = 1 << 20
 _available = os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+_warned = False
 
 
 def available() -> bool:
     return _available
+
+
+def _fall_back(reason: str) -> None:
+    """Large buffers of this process go through the socket this time; say so once."""
+    global _warned
+    if not _warned:
+        _warned = True
+        logger.warning(
+            "%s: large messages of this process go through the socket instead (slower).\n"
+            "HINT: give %s more space (docker run --shm-size=...), or send smaller buffers.",
+            reason,
+            SHM_DIR,
+        )
+
+
+def disable(reason: str) -> None:
+    """Stop using ``/dev/shm`` in this process (it is unusable)."""
+    global _available
+    _available = False
+    _fall_back(reason)
 
 
 def _new_name(job_tag: str) -> str:
@@ -48,21 +76,52 @@ def _names_in_shm(prefix: str) -> list[str]:
         return []
 
 
-def _create(job_tag: str, fill: Callable[[int], T]) -> tuple[str, T] | None:
-    """A new file of this job in ``/dev/shm``, filled by ``fill(fd)``; (name, what ``fill``
-    returned), or None where ``/dev/shm`` is unusable or full (senders then use the socket)."""
-    global _available
+def lock_path(job_tag: str) -> str:
+    """The job's lock file (see ``job_files``); not a buffer, so ``sweep`` leaves it."""
+    return os.path.join(SHM_DIR, f"monarch-{job_tag}.lock")
+
+
+def files_by_job() -> dict[str, list[str]]:
+    """This user's buffer files in ``/dev/shm`` by job tag; a job with only a lock file left
+    has an empty list. Files of other users are not listed: they are never ours to remove."""
+    jobs: dict[str, list[str]] = {}
+    uid = os.geteuid()
+    for name in _names_in_shm("monarch-"):
+        path = os.path.join(SHM_DIR, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid != uid or not stat.S_ISREG(st.st_mode):
+            continue
+        if name.endswith(".lock"):
+            jobs.setdefault(name[len("monarch-") : -len(".lock")], [])
+        elif name.count("-") >= 2:
+            jobs.setdefault(name[len("monarch-") :].rsplit("-", 1)[0], []).append(path)
+    return jobs
+
+
+def _create(job_tag: str, size: int, fill: Callable[[int], T]) -> tuple[str, T] | None:
+    """A new file of this job in ``/dev/shm`` with ``size`` bytes reserved, filled by
+    ``fill(fd)``; (name, what ``fill`` returned), or None where ``/dev/shm`` is unusable or
+    full (senders then use the socket)."""
     name = _new_name(job_tag)
     path = os.path.join(SHM_DIR, name)
     try:
+        free = os.statvfs(SHM_DIR)
+        if free.f_bavail * free.f_frsize < size:  # not worth a try, which holds what is left a while
+            _fall_back(f"{SHM_DIR} has no room for {size} bytes ({free.f_bavail * free.f_frsize} free)")
+            return None
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    except OSError:
-        _available = False
+    except OSError as e:
+        disable(f"cannot create files in {SHM_DIR} ({e})")
         return None
     try:
+        os.posix_fallocate(fd, 0, size)  # writes into a page the tmpfs lacks raise SIGBUS
         return name, fill(fd)
-    except OSError:
+    except OSError as e:
         os.unlink(path)
+        _fall_back(f"{SHM_DIR} has no room for {size} bytes ({e})")
         return None
     finally:
         os.close(fd)
@@ -76,7 +135,7 @@ def _write_all(fd: int, buffer: memoryview) -> None:
 
 def export(job_tag: str, buffer: memoryview) -> bytes | None:
     """Copy ``buffer`` into a new shared-memory file; its name, or None to use the socket."""
-    created = _create(job_tag, lambda fd: _write_all(fd, buffer))
+    created = _create(job_tag, memoryview(buffer).nbytes, lambda fd: _write_all(fd, buffer))
     return created[0].encode() if created is not None else None
 
 
@@ -97,6 +156,22 @@ def _read_exactly(fd: int, size: int, path: str) -> bytes:
     return data
 
 
+def _map(fd: int, size: int, path: str) -> mmap.mmap | bytearray:
+    """The first ``size`` bytes of the file, mapped copy-on-write (or copied, see below).
+
+    Touching a page the file lacks (beyond its end, or a hole when the tmpfs is full) would
+    raise SIGBUS and kill this process; such a file (truncated, or sparse: a peer that did not
+    reserve its space) is checked for first, and a sparse one is read instead (holes read as
+    zeros without allocating).
+    """
+    st = os.fstat(fd)
+    if st.st_size < size:
+        raise OSError(f"shared-memory buffer {path} has {st.st_size} bytes, not {size}")
+    if st.st_blocks * 512 < size:
+        return bytearray(_read_exactly(fd, size, path))
+    return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
 def import_(name: bytes, as_bytes: bool = False) -> memoryview | bytes:
     """Map a buffer a peer exported (copy-on-write) and remove its name.
 
@@ -112,7 +187,7 @@ def import_(name: bytes, as_bytes: bool = False) -> memoryview | bytes:
             return _read_exactly(fd, size, path)
         if size == 0:
             return memoryview(b"")
-        return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+        return memoryview(_map(fd, size, path))
     finally:
         os.close(fd)
 
@@ -134,15 +209,18 @@ def borrow(name: bytes, size: int, as_bytes: bool, give_back: Callable[[], None]
         if as_bytes or size == 0:
             give_back()
             return _read_exactly(fd, size, path) if size else b""
-        mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        data = _map(fd, size, path)
     except BaseException:
         if not as_bytes:
             give_back()
         raise
     finally:
         os.close(fd)
-    weakref.finalize(mapping, give_back).atexit = False
-    return memoryview(mapping)
+    if isinstance(data, bytearray):  # a copy: the file is no longer needed
+        give_back()
+    else:
+        weakref.finalize(data, give_back).atexit = False
+    return memoryview(data)
 
 
 class _Slot:
@@ -215,11 +293,7 @@ class SendPool:
             return slot
 
     def _new_slot(self, capacity: int) -> _Slot | None:
-        def mapped(fd: int) -> mmap.mmap:
-            os.ftruncate(fd, capacity)
-            return mmap.mmap(fd, capacity)
-
-        created = _create(self._job_tag, mapped)
+        created = _create(self._job_tag, capacity, lambda fd: mmap.mmap(fd, capacity))
         if created is None:
             return None
         self._bytes += capacity
@@ -257,10 +331,13 @@ class SendPool:
             return bool(keep)
 
     def reclaim(self, borrower: str) -> None:
-        """``borrower`` is gone: whatever it held is free again."""
+        """``borrower`` is gone: the files it held are removed at once, their memory back to the
+        system (a restarted worker would otherwise pin its predecessor's until a trim)."""
         with self._lock:
-            names = [name for name, slot in self._lent.items() if slot.borrower == borrower]
-        self.give_back(names)
+            for name, slot in list(self._lent.items()):
+                if slot.borrower == borrower:
+                    del self._lent[name]
+                    self._discard(slot)
 
     def close(self) -> None:
         """Remove every file (mappings that receivers hold stay valid until they unmap)."""
@@ -270,27 +347,6 @@ class SendPool:
                 self._discard(slot)
             self._free.clear()
             self._lent.clear()
-
-
-def sweep_orphans(job_exists: Callable[[str], bool]) -> None:
-    """Remove buffers of jobs that no longer exist (their receivers died before reading).
-
-    Only buffers older than a minute: a live job elsewhere (another TMPDIR) reads its own
-    within milliseconds.
-    """
-    import time
-
-    cutoff = time.time() - 60
-    for name in _names_in_shm("monarch-"):
-        if name.count("-") < 2:
-            continue
-        tag = name[len("monarch-") :].rsplit("-", 1)[0]
-        path = os.path.join(SHM_DIR, name)
-        try:
-            if not job_exists(tag) and os.stat(path).st_mtime < cutoff:
-                os.unlink(path)
-        except OSError:
-            pass
 
 
 def sweep(job_tag: str) -> None:
