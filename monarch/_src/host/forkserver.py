@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from monarch._src.runtime import parent_death
+
 FORKSERVER_ENV = "MONARCH_FORKSERVER"
 FORKSERVER_MODULE = "monarch._src.host.forkserver"
 #: Modules every worker needs, imported by the template for all of them.
@@ -140,6 +142,8 @@ def _serve() -> dict[str, Any] | None:
     """Fork every worker. Returns the worker's entry in a worker, None in the template (after
     all its workers exited)."""
     config = json.loads(os.environ.pop(FORKSERVER_ENV))
+    # A client killed while this still preloads: fork nothing more (its workers leave too).
+    parent_death.call_on_parent_death(lambda: os._exit(0))
     for module in config["preload"]:
         try:
             importlib.import_module(module)

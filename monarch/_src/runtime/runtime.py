@@ -13,6 +13,7 @@ per-sender FIFO guarantee.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import logging
 import os
@@ -53,9 +54,16 @@ def new_socket_dir() -> str:
     import tempfile  # the client's alone: workers start faster without it
 
     base = os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}")
-    os.makedirs(base, mode=0o700, exist_ok=True)
-    sweep_stale_jobs(base)
-    return tempfile.mkdtemp(prefix="job-", dir=base)
+
+    def make() -> str:
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        sweep_stale_jobs(base)
+        return tempfile.mkdtemp(prefix="job-", dir=base)
+
+    try:
+        return make()
+    except FileNotFoundError:  # the last job in base removed it (empty) just now
+        return make()
 
 
 def _alive(pid: int) -> bool:
@@ -89,6 +97,47 @@ def sweep_stale_jobs(base: str) -> None:
     shm.sweep_orphans(lambda tag: os.path.isdir(os.path.join(base, tag)))
 
 
+#: Every process of a job holds a shared lock on this file of the job's socket directory.
+JOB_LOCK_NAME = "job.lock"
+
+
+def join_job(socket_dir: str) -> int | None:
+    """Hold a shared lock on the job's lock file for as long as this process lives (the
+    kernel drops it however the process ends); the descriptor, or None where the directory
+    is gone."""
+    try:
+        fd = os.open(os.path.join(socket_dir, JOB_LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def last_to_leave(lock_fd: int) -> bool:
+    """Drop this process's shared lock on the job and say whether no process of the job holds
+    one any more. Every leaver drops its own lock before it tries for the exclusive one, so
+    of processes leaving together at least the last one gets it."""
+    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def remove_job_files(socket_dir: str, job_tag: str) -> None:
+    """Remove a finished job's socket directory and shared-memory files, and the per-user base
+    directory above it once no other job uses it (``rmdir`` fails on a non-empty one)."""
+    import shutil  # off the workers' start-up path: only needed when a job ends
+
+    shutil.rmtree(socket_dir, ignore_errors=True)
+    shm.sweep(job_tag)
+    try:
+        os.rmdir(os.path.dirname(socket_dir.rstrip("/")))
+    except OSError:
+        pass
+
+
 def bind_unix_socket(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
@@ -117,6 +166,7 @@ class Runtime:
         self._owns_socket_dir = owns_socket_dir
         #: Names this job's shared-memory buffers (one socket directory per job).
         self.job_tag = os.path.basename(socket_dir.rstrip("/"))
+        self._job_lock = join_job(socket_dir)
         self.max_frame_bytes = CONFIG.max_frame_bytes
         self._socket_seq = 0
         self._seq_lock = threading.Lock()
@@ -406,12 +456,34 @@ class Runtime:
             pass
         self._send_pool.close()
         if self._owns_socket_dir:
-            import shutil
-
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
-            shm.sweep(self.job_tag)
+            remove_job_files(self.socket_dir, self.job_tag)
         # Runtime._instance keeps pointing here: late senders get a clear error, and never a
         # fresh runtime with another secret.
+
+    def leave_orphaned_job(self) -> None:
+        """This process's parent died without stopping it: remove what this process made, and
+        if it is the last process of the job, the job's socket directory and shared-memory
+        files too (a client killed with -9 cannot, and no one else is left to). Callable from
+        any thread, even while the loop is busy: it touches only files."""
+        try:
+            os.unlink(socket_path(self.address))
+        except OSError:
+            pass
+        self._send_pool.close()
+        if self._job_lock is not None and last_to_leave(self._job_lock):
+            remove_job_files(self.socket_dir, self.job_tag)
+
+
+def _leave_job_in_fork_child() -> None:
+    """A fork of a monarch process is not a process of its job: drop its copy of the job lock
+    (closing the descriptor releases nothing the parent still holds)."""
+    rt = Runtime._instance
+    if rt is not None and rt._job_lock is not None:
+        os.close(rt._job_lock)
+        rt._job_lock = None
+
+
+os.register_at_fork(after_in_child=_leave_job_in_fork_child)
 
 
 def new_client_runtime() -> Runtime:
