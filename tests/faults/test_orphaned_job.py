@@ -67,9 +67,10 @@ def shm_files(tag: str) -> list[str]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("fork_holder", [False, True], ids=["pipe", "pipe_held_by_a_fork"])
 @pytest.mark.parametrize("preload", [[], ["json"]], ids=["exec", "forked_from_template"])
-def test_sigkilled_client_leaves_nothing_behind_even_with_busy_workers(tmp_path, preload, fork_holder):
-    tmpdir, spin_dir = tmp_path / "tmp", tmp_path / "spin"
-    tmpdir.mkdir()
+def test_sigkilled_client_leaves_nothing_behind_even_with_busy_workers(
+    tmp_path, short_tmpdir, preload, fork_holder
+):
+    tmpdir, spin_dir = short_tmpdir, tmp_path / "spin"
     spin_dir.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-c", CLIENT, str(spin_dir), json.dumps(preload), "1" if fork_holder else "0"],

@@ -26,9 +26,8 @@ def launch(tmpdir: Path, script: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.timeout(60)
-def test_launch_leaves_tmpdir_empty(tmp_path):
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
+def test_launch_leaves_tmpdir_empty(tmp_path, short_tmpdir):
+    tmpdir = short_tmpdir
     script = tmp_path / "train.py"
     script.write_text("import os\nprint('rank', os.environ['RANK'])\n")
     done = launch(tmpdir, script)
@@ -38,10 +37,10 @@ def test_launch_leaves_tmpdir_empty(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_the_base_directory_stays_while_another_job_uses_it(tmp_path):
+def test_the_base_directory_stays_while_another_job_uses_it(tmp_path, short_tmpdir):
     from monarch._src.runtime.runtime import JOB_LOCK_NAME
 
-    tmpdir = tmp_path / "tmp"
+    tmpdir = short_tmpdir
     other_job = tmpdir / f"monarch-{os.getuid()}" / "job-other"
     other_job.mkdir(parents=True, mode=0o700)
     # A live job, as its processes make it: a socket of a live process, the job lock held.

@@ -142,8 +142,9 @@ def _serve() -> dict[str, Any] | None:
     """Fork every worker. Returns the worker's entry in a worker, None in the template (after
     all its workers exited)."""
     config = json.loads(os.environ.pop(FORKSERVER_ENV))
-    # A client killed while this still preloads: fork nothing more (its workers leave too).
-    parent_death.call_on_parent_death(lambda: os._exit(0))
+    # The client died (this may still be preloading: seconds for torch): exit, and the workers
+    # already forked, whose parent this is, notice and leave.
+    stop_watching = parent_death.call_on_parent_death(_exit_now)
     for module in config["preload"]:
         try:
             importlib.import_module(module)
@@ -151,6 +152,7 @@ def _serve() -> dict[str, Any] | None:
             print(f"[monarch] preloading {module} failed: {e!r}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
+    stop_watching()  # no thread may run while this forks
     ranks: list[dict[str, Any]] = config["ranks"]
     status_fd: int = config["status_fd"]
     every_fd = {fd for r in ranks for fd in (*r["keep"], r["stdout"], r["stderr"]) if fd is not None}
@@ -165,6 +167,7 @@ def _serve() -> dict[str, Any] | None:
         _report(status_fd, f"pid {rank} {pid}\n")
     for fd in every_fd:
         os.close(fd)
+    parent_death.call_on_parent_death(_exit_now)
     while children:
         try:
             pid, status = os.waitpid(-1, 0)
@@ -174,6 +177,10 @@ def _serve() -> dict[str, Any] | None:
         if rank >= 0:
             _report(status_fd, f"exit {rank} {os.waitstatus_to_exitcode(status)}\n")
     return None
+
+
+def _exit_now() -> None:
+    os._exit(0)
 
 
 def _report(fd: int, line: str) -> None:

@@ -27,18 +27,36 @@ from collections.abc import Callable
 POLL_S = 0.5
 
 
-def call_on_parent_death(on_death: Callable[[], None], pipe_fd: int | None = None) -> None:
+def call_on_parent_death(on_death: Callable[[], None], pipe_fd: int | None = None) -> Callable[[], None]:
     """Call ``on_death`` once, from a watch thread, when this process's parent dies (or when
-    ``pipe_fd``, a pipe the parent never writes to, reaches EOF)."""
+    ``pipe_fd``, a pipe the parent never writes to, reaches EOF).
+
+    Returns a function that ends the watch and waits for its thread: a process that is about
+    to ``fork`` calls it first, or the child could inherit a lock that thread held.
+    """
     parent = os.getppid()
+    stop_r, stop_w = os.pipe()
+    poller = select.poll()
+    poller.register(stop_r, select.POLLIN)
+    if pipe_fd is not None:
+        poller.register(pipe_fd, select.POLLIN)
 
     def watch() -> None:
-        poller = select.poll()
-        if pipe_fd is not None:
-            poller.register(pipe_fd, select.POLLIN)
-        # The parent never writes to the pipe: readable means EOF (or an error).
-        while os.getppid() == parent and not poller.poll(POLL_S * 1000):
-            pass
+        while os.getppid() == parent:
+            ready = {fd for fd, _ in poller.poll(POLL_S * 1000)}
+            if stop_r in ready:
+                os.close(stop_r)
+                return
+            if pipe_fd in ready:
+                break  # the parent never writes to its pipe: readable means EOF
         on_death()
 
-    threading.Thread(target=watch, name="monarch-parent-watch", daemon=True).start()
+    thread = threading.Thread(target=watch, name="monarch-parent-watch", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        os.write(stop_w, b"!")
+        os.close(stop_w)
+        thread.join()
+
+    return stop
