@@ -144,6 +144,9 @@ class ProcGroup:
             raise
         with _groups_lock:
             _live_groups.add(self)
+        # Kept alive by its watchers until every process exited, and by every handle of a mesh
+        # on it: once it is collected, nothing can address its processes any more.
+        weakref.finalize(self, supervision.forget_processes, tuple(self.addresses))
         if capture_output:
             log_capture.maybe_register_ipython_hook()
 
