@@ -3,6 +3,9 @@ for its conftest)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,3 +46,16 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
     while running(pids) and time.monotonic() < deadline:
         time.sleep(0.02)
     return running(pids)
+
+
+def end_client(proc: subprocess.Popen[str], pids: list[int]) -> None:
+    """Test teardown after a client ``proc`` was to be killed: kill it if it still runs, kill
+    whatever of ``pids`` (its processes) is left, close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    for pid in running(pids):
+        os.kill(pid, signal.SIGKILL)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()

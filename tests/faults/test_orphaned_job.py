@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import running, wait_gone, wait_until
+from helpers import end_client, running, wait_gone, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,10 +104,4 @@ def test_sigkilled_client_leaves_nothing_behind_even_with_busy_workers(
         assert shm_files(job["tag"]) == []
         assert os.listdir(tmpdir) == []  # the per-user base directory too: no other job used it
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for pid in running(pids):
-            os.kill(pid, signal.SIGKILL)
-        proc.stdout.close()
-        proc.stderr.close()
+        end_client(proc, pids)

@@ -97,14 +97,12 @@ locally_spawned: set[str] = set()
 
 def mesh_handles(mesh_key: str) -> MeshHandles:
     """The ``MeshHandles`` of ``mesh_key`` in this process, made with its first handle."""
-    handles = _handles.get(mesh_key)
-    if handles is None:
-        with _lock:
-            handles = _handles.get(mesh_key)
-            if handles is None:
-                handles = _handles[mesh_key] = MeshHandles()
-                weakref.finalize(handles, _handles_gone, mesh_key)
-    return handles
+    with _lock:
+        handles = _handles.get(mesh_key)
+        if handles is None:
+            handles = _handles[mesh_key] = MeshHandles()
+            weakref.finalize(handles, _handles_gone, mesh_key)
+        return handles
 
 
 def _handles_gone(mesh_key: str) -> None:
