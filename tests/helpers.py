@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -87,3 +88,16 @@ def _run(argv: list[str], timeout: float, env: dict[str, str]) -> subprocess.Com
         cwd=REPO,
         env=dict(os.environ, **env),
     )
+
+
+def end_client(proc: subprocess.Popen[str], pids: list[int]) -> None:
+    """Test teardown after a client ``proc`` was to be killed: kill it if it still runs, kill
+    whatever of ``pids`` (its processes) is left, close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    for pid in running(pids):
+        os.kill(pid, signal.SIGKILL)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import running, wait_gone
+from helpers import end_client, running, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,10 +81,4 @@ def test_workers_exit_when_client_is_sigkilled(preload):
         assert proc.wait(10) == -signal.SIGKILL
         assert wait_gone(pids, timeout=5) == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for pid in running(pids):
-            os.kill(pid, signal.SIGKILL)
-        proc.stdout.close()
-        proc.stderr.close()
+        end_client(proc, pids)

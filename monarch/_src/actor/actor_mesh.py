@@ -33,6 +33,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._dest_cache: list[tuple[int, str]] | None = None
         ext = shape.extent
         self._wire_extent = [ext.labels, ext.sizes]
+        #: Keeps this mesh's stop/failure records (and what they need) while a handle exists.
+        self._handles = supervision.mesh_handles(key)
 
     # -- MeshTrait ----------------------------------------------------------------------------
 

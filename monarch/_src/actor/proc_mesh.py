@@ -119,7 +119,9 @@ class ProcMesh(MeshTrait):
             if extra:
                 header.update(extra)
             rt.send(address, header, bodies)
-        return ActorMesh(Class, name, key, addrs, Shape.from_extent(ext))
+        mesh: ActorMesh[Any] = ActorMesh(Class, name, key, addrs, Shape.from_extent(ext))
+        mesh._handles.keep = self._owner  # calls through it must still learn that its procs are gone
+        return mesh
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every process of this mesh (their actors run ``__cleanup__`` first)."""

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from monarch._src.actor.errors import SupervisionError
@@ -55,7 +56,7 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
 
 
 class _OwnedMesh:
-    __slots__ = ("name", "addresses", "owner_key", "done")
+    __slots__ = ("name", "addresses", "owner_key", "done", "handles_gone")
 
     def __init__(self, name: str, addresses: tuple[str, ...], owner_key: str) -> None:
         self.name = name
@@ -63,6 +64,23 @@ class _OwnedMesh:
         self.owner_key = owner_key
         #: ranks already reported failed or stopped: each is reported at most once.
         self.done: set[int] = set()
+        #: No handle of the mesh is left here: forget it once every rank is done.
+        self.handles_gone = False
+
+
+class MeshHandles:
+    """Shared by every handle (``ActorMesh``) of one mesh in this process. While any exists, the
+    mesh's stop and failure records stay, so that calls through it fail at once; when the last
+    is collected, they go (a long-lived client must not keep one entry per mesh it ever made).
+    ``keep`` holds what those calls still need, e.g. the process group the mesh runs on."""
+
+    __slots__ = ("keep", "__weakref__")
+
+    def __init__(self) -> None:
+        self.keep: Any = None
+
+
+_handles: weakref.WeakValueDictionary[str, MeshHandles] = weakref.WeakValueDictionary()
 
 
 _lock = threading.RLock()
@@ -75,6 +93,47 @@ _stopped: dict[str, str] = {}
 dead_processes: dict[str, str] = {}
 #: addresses of processes spawned here: their spawner reports their exit, with the reason.
 locally_spawned: set[str] = set()
+
+
+def mesh_handles(mesh_key: str) -> MeshHandles:
+    """The ``MeshHandles`` of ``mesh_key`` in this process, made with its first handle."""
+    with _lock:
+        handles = _handles.get(mesh_key)
+        if handles is None:
+            handles = _handles[mesh_key] = MeshHandles()
+            weakref.finalize(handles, _handles_gone, mesh_key)
+        return handles
+
+
+def _handles_gone(mesh_key: str) -> None:
+    with _lock:
+        _failed.pop(mesh_key, None)
+        _stopped.pop(mesh_key, None)
+        owned = _owned.get(mesh_key)
+        if owned is not None:
+            owned.handles_gone = True
+            _forget_if_finished(mesh_key, owned)
+
+
+def _rank_done(mesh_key: str, owned: _OwnedMesh, rank: int) -> None:
+    """(under _lock) ``rank`` of an owned mesh stopped or failed, and was reported."""
+    owned.done.add(rank)
+    _forget_if_finished(mesh_key, owned)
+
+
+def _forget_if_finished(mesh_key: str, owned: _OwnedMesh) -> None:
+    """(under _lock) Nothing is left to supervise, nor a handle to fail calls through."""
+    if owned.handles_gone and len(owned.done) == len(owned.addresses):
+        del _owned[mesh_key]
+
+
+def forget_processes(addresses: tuple[str, ...]) -> None:
+    """Processes spawned here exited and nothing can address them any more (their process
+    group, kept by every handle of a mesh on them, was collected): drop their records."""
+    with _lock:
+        for address in addresses:
+            dead_processes.pop(address, None)
+            locally_spawned.discard(address)
 
 
 def record_spawn(owner_key: str, mesh_key: str, name: str, addresses: tuple[str, ...]) -> None:
@@ -115,7 +174,10 @@ def owned_meshes(owner_key: str) -> list[tuple[str, str, list[str]]]:
 
 
 def mark_stopped(mesh_key: str, reason: str) -> None:
-    _stopped[mesh_key] = reason
+    """Calls through handles of ``mesh_key`` fail from now on (none left: nothing to record)."""
+    with _lock:
+        if mesh_key in _handles:
+            _stopped[mesh_key] = reason
 
 
 # -- the failing side ---------------------------------------------------------------------------
@@ -157,7 +219,7 @@ def handle_supervision_frame(header: dict, bodies: list) -> None:
         with _lock:
             owned = _owned.get(mesh_key)
             if owned is not None:
-                owned.done.add(rank)
+                _rank_done(mesh_key, owned, rank)
         return
     _deliver(mesh_key, rank, header["t"], header.get("n"), header.get("d"))
 
@@ -180,7 +242,9 @@ def process_exited(address: str, how: str, expected: bool = False) -> None:
         hits = [(key, i) for key, m in _owned.items() for i, a in enumerate(m.addresses) if a == address]
         if expected:
             for key, rank in hits:
-                _owned[key].done.add(rank)
+                m = _owned.get(key)
+                if m is not None:
+                    _rank_done(key, m, rank)
             hits = []
     fail_waiting_on(address, lambda h: SupervisionError(f"Endpoint call {h.label}() failed, {report}"))
     for key, rank in hits:
@@ -211,9 +275,10 @@ def _deliver(
         if owned is not None:
             if rank in owned.done:
                 return
-            owned.done.add(rank)
             name, owner_key = owned.name, owned.owner_key
-            _failed.setdefault(mesh_key, {})[owned.addresses[rank]] = report
+            if mesh_key in _handles:
+                _failed.setdefault(mesh_key, {})[owned.addresses[rank]] = report
+            _rank_done(mesh_key, owned, rank)
     failure = MeshFailure(name or mesh_key, [rank], report)
     owner = lookup(owner_key) if owner_key and owner_key != "root" else None
     if owner is not None and not owner.stopped:

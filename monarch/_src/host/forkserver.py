@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from monarch._src.runtime import parent_death
+
 FORKSERVER_ENV = "MONARCH_FORKSERVER"
 FORKSERVER_MODULE = "monarch._src.host.forkserver"
 #: Modules every worker needs, imported by the template for all of them.
@@ -140,6 +142,9 @@ def _serve() -> dict[str, Any] | None:
     """Fork every worker. Returns the worker's entry in a worker, None in the template (after
     all its workers exited)."""
     config = json.loads(os.environ.pop(FORKSERVER_ENV))
+    # The client died (this may still be preloading: seconds for torch): exit, and the workers
+    # already forked, whose parent this is, notice and leave.
+    stop_watching = parent_death.call_on_parent_death(_exit_now)
     for module in config["preload"]:
         try:
             importlib.import_module(module)
@@ -147,6 +152,7 @@ def _serve() -> dict[str, Any] | None:
             print(f"[monarch] preloading {module} failed: {e!r}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
+    stop_watching()  # no thread may run while this forks
     ranks: list[dict[str, Any]] = config["ranks"]
     status_fd: int = config["status_fd"]
     every_fd = {fd for r in ranks for fd in (*r["keep"], r["stdout"], r["stderr"]) if fd is not None}
@@ -161,6 +167,7 @@ def _serve() -> dict[str, Any] | None:
         _report(status_fd, f"pid {rank} {pid}\n")
     for fd in every_fd:
         os.close(fd)
+    parent_death.call_on_parent_death(_exit_now)
     while children:
         try:
             pid, status = os.waitpid(-1, 0)
@@ -170,6 +177,10 @@ def _serve() -> dict[str, Any] | None:
         if rank >= 0:
             _report(status_fd, f"exit {rank} {os.waitstatus_to_exitcode(status)}\n")
     return None
+
+
+def _exit_now() -> None:
+    os._exit(0)
 
 
 def _report(fd: int, line: str) -> None:

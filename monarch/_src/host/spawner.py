@@ -1,7 +1,8 @@
 """Starting worker processes (fork+exec) and noticing when they exit.
 
 Each worker gets its listening socket already bound (so messages can be sent to it the moment
-``spawn_procs`` returns) and the read end of a "parent alive" pipe. Exits are observed with a
+``spawn_procs`` returns), the read end of a "parent alive" pipe and a pipe holding the job
+secret. Exits are observed with a
 pidfd on the event loop (a waiter thread where pidfds are unavailable), within milliseconds.
 """
 
@@ -27,7 +28,6 @@ from monarch._src.host import log_capture
 from monarch._src.runtime import framework_log
 from monarch._src.runtime.bootstrap import BOOTSTRAP_ENV
 from monarch._src.runtime.runtime import ADDRESS_PREFIX, bind_unix_socket
-from monarch._src.transport.auth import SECRET_ENV
 
 logger = logging.getLogger("monarch.host")
 
@@ -57,6 +57,20 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
+def _secret_pipe(secret: bytes) -> int:
+    """The read end of a pipe holding ``secret``: the worker reads it at start-up, so the secret
+    never appears in any process's environment (``/proc/<pid>/environ``)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, secret)  # far below the pipe's capacity: never blocks
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    return r
+
+
 class _Launch:
     """What one worker is started with; the parent's ends of its pipes stay here."""
 
@@ -64,14 +78,14 @@ class _Launch:
         self.rank = rank
         self.path = path
         self.env: dict[str, str] = {}
-        self.listen_fd = self.death_r = self.death_w = -1
+        self.listen_fd = self.death_r = self.death_w = self.secret_r = -1
         self.out_r = self.out_w = self.err_r = self.err_w = -1
         self.proc: Any = None
 
     def close_parent_side(self, keep_readers: bool) -> None:
         """Close the worker's ends here (it has its copies); with ``keep_readers`` False, the
         parent's too (the start failed)."""
-        mine = [self.listen_fd, self.death_r, self.out_w, self.err_w]
+        mine = [self.listen_fd, self.death_r, self.secret_r, self.out_w, self.err_w]
         if not keep_readers:
             mine += [self.death_w, self.out_r, self.err_r]
         for fd in mine:
@@ -80,7 +94,7 @@ class _Launch:
                     os.close(fd)
                 except OSError:
                     pass
-        self.listen_fd = self.death_r = self.out_w = self.err_w = -1
+        self.listen_fd = self.death_r = self.secret_r = self.out_w = self.err_w = -1
         if not keep_readers:
             self.death_w = self.out_r = self.err_r = -1
 
@@ -130,6 +144,9 @@ class ProcGroup:
             raise
         with _groups_lock:
             _live_groups.add(self)
+        # Kept alive by its watchers until every process exited, and by every handle of a mesh
+        # on it: once it is collected, nothing can address its processes any more.
+        weakref.finalize(self, supervision.forget_processes, tuple(self.addresses))
         if capture_output:
             log_capture.maybe_register_ipython_hook()
 
@@ -140,6 +157,7 @@ class ProcGroup:
             sock = bind_unix_socket(launch.path)
             launch.listen_fd = sock.detach()
             launch.death_r, launch.death_w = os.pipe()
+            launch.secret_r = _secret_pipe(rt.secret)
             env = dict(os.environ)
             env.update(extra_env)
             env["MONARCH_ROOT_ADDRESS"] = root
@@ -152,11 +170,11 @@ class ProcGroup:
                 env[CAPTURE_ENV] = "1"
                 launch.out_r, launch.out_w = log_capture.make_pipe()
                 launch.err_r, launch.err_w = log_capture.make_pipe()
-            env[SECRET_ENV] = rt.secret.hex()
             env[BOOTSTRAP_ENV] = json.dumps(
                 {
                     "listen_fd": launch.listen_fd,
                     "death_fd": launch.death_r,
+                    "secret_fd": launch.secret_r,
                     "socket_dir": rt.socket_dir,
                     "init_modules": INIT_MODULES,
                     "gated": gated,
@@ -174,7 +192,7 @@ class ProcGroup:
         try:
             launch.proc = subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE],
-                pass_fds=(launch.listen_fd, launch.death_r),
+                pass_fds=(launch.listen_fd, launch.death_r, launch.secret_r),
                 env=launch.env,
                 stdout=launch.out_w if launch.out_w >= 0 else None,
                 stderr=launch.err_w if launch.err_w >= 0 else None,
@@ -193,7 +211,7 @@ class ProcGroup:
         ranks: list[dict[str, Any]] = [
             {
                 "env": launch.env,
-                "keep": [launch.listen_fd, launch.death_r],
+                "keep": [launch.listen_fd, launch.death_r, launch.secret_r],
                 "stdout": launch.out_w if launch.out_w >= 0 else None,
                 "stderr": launch.err_w if launch.err_w >= 0 else None,
             }

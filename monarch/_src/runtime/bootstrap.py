@@ -2,8 +2,9 @@
 
 The spawner has already bound this worker's listening socket and passes it as an inherited
 file descriptor, so peers can connect (and queue frames) before this interpreter has even
-started. A pipe from the spawner tells the worker when its parent dies, however it dies
-(``kill -9`` included): the worker then exits, so no process outlives its client.
+started; the job secret arrives through another inherited pipe. When its parent dies, however
+it dies (``kill -9`` included; see ``parent_death``), the worker exits, and the last process of
+the job to go removes the job's files, so nothing outlives its client.
 
 The main thread stays free: it waits until the worker is asked to exit, or runs work that
 must own the main thread (the launcher runs the user's training script there).
@@ -21,9 +22,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from monarch._src.runtime import framework_log
+from monarch._src.runtime import framework_log, parent_death
 from monarch._src.runtime.runtime import Runtime
-from monarch._src.transport.auth import SECRET_ENV
 
 BOOTSTRAP_ENV = "MONARCH_BOOTSTRAP"
 #: Seconds a worker waits for its own threads at exit before it exits anyway.
@@ -42,17 +42,24 @@ def run_on_main_thread(fn: Callable[[], Any]) -> None:
     _main_queue.put(fn)
 
 
-def _watch_parent(rt: Runtime, fd: int) -> None:
-    def on_readable() -> None:
+def _leave_when_parent_dies(rt: Runtime, death_fd: int) -> None:
+    def parent_died() -> None:
         try:
-            data = os.read(fd, 1)
-        except OSError:
-            data = b""
-        if not data:  # EOF: the parent is gone
-            rt.loop.remove_reader(fd)
+            rt.leave_orphaned_job()
+        finally:
             _exit_now(0)
 
-    rt.loop.call_soon_threadsafe(rt.loop.add_reader, fd, on_readable)
+    parent_death.call_on_parent_death(parent_died, death_fd)
+
+
+def _read_secret(fd: int) -> bytes:
+    """The job secret, from a pipe the spawner filled and closed (never the environment, which
+    anyone who may read ``/proc/<pid>/environ`` can read)."""
+    chunks = []
+    while chunk := os.read(fd, 64):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
 
 
 def _exit_now(code: int) -> None:
@@ -76,7 +83,7 @@ def _line_buffered_output() -> None:
 
 def main() -> None:
     config: dict[str, Any] = json.loads(os.environ.pop(BOOTSTRAP_ENV))
-    secret = bytes.fromhex(os.environ.pop(SECRET_ENV))
+    secret = _read_secret(config["secret_fd"])
     _line_buffered_output()
     framework_log.setup_worker(str(config.get("name", "proc")), int(config.get("rank", 0)))
     # Upper layers name the modules that register their handlers (the runtime knows none).
@@ -87,7 +94,7 @@ def main() -> None:
     listen = socket.socket(fileno=config["listen_fd"])
     rt = Runtime(secret=secret, socket_dir=config["socket_dir"], listen_sock=listen)
     Runtime.install(rt)
-    _watch_parent(rt, config["death_fd"])
+    _leave_when_parent_dies(rt, config["death_fd"])
     while True:
         work = _main_queue.get()
         if isinstance(work, int):

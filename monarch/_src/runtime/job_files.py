@@ -8,8 +8,12 @@ another ``$TMPDIR`` looks absent, pids get reused): its client holds an exclusiv
 its socket directory and on ``/dev/shm/monarch-job-XXXX.lock`` from before its first file
 until it has removed them all. The kernel drops both locks when the client dies, however it
 dies (``kill -9`` included). Whoever takes a job's lock therefore knows the job is over and
-may remove what it left: a later client's start-up sweep, or a worker that outlived its
-client (``reap``). Only files of the current user are ever touched.
+may remove what it left: a later client's start-up sweep. Only files of the current user are
+ever touched.
+
+The workers of a job that lost its client clean up after themselves: every process of the job
+holds a shared ``flock`` on ``job.lock`` in the socket directory, and whichever leaves last
+(``last_to_leave``) removes the job's files, so nothing waits for another client to start.
 """
 
 from __future__ import annotations
@@ -113,7 +117,11 @@ def new_job_dir() -> str:
     sweep_dead_shm_files()
     prefix = _JOB_PREFIX if shared else f"monarch-{os.getuid()}-{_JOB_PREFIX}"
     for _ in range(10):
-        path = tempfile.mkdtemp(prefix=prefix, dir=base)
+        try:
+            path = tempfile.mkdtemp(prefix=prefix, dir=base)
+        except FileNotFoundError:  # the last job in base removed it (empty) just now
+            base, _ = _socket_base()
+            continue
         locks = _lock_new_job(path)
         if locks is not None:
             _held[path] = locks
@@ -144,10 +152,11 @@ def _lock_new_job(path: str) -> list[int] | None:
 def remove(socket_dir: str) -> None:
     """Remove a job's files (its socket directory and shared-memory files), then drop its
     locks if this process holds them (the lock file goes last, so the job looks alive until
-    nothing of it is left)."""
+    nothing of it is left), and the per-user base directory once no other job uses it."""
     import shutil  # workers start faster without it, and rarely get here
 
-    tag = os.path.basename(socket_dir.rstrip("/"))
+    socket_dir = socket_dir.rstrip("/")
+    tag = os.path.basename(socket_dir)
     shutil.rmtree(socket_dir, ignore_errors=True)
     shm.sweep(tag)
     try:
@@ -156,6 +165,40 @@ def remove(socket_dir: str) -> None:
         pass
     for fd in _held.pop(socket_dir, ()):
         os.close(fd)
+    base = os.path.dirname(socket_dir)
+    if os.path.basename(base) == f"monarch-{os.getuid()}":  # never a private job's $TMPDIR
+        try:
+            os.rmdir(base)  # fails while another job uses it
+        except OSError:
+            pass
+
+
+#: Every process of a job holds a shared lock on this file of the job's socket directory.
+JOB_LOCK_NAME = "job.lock"
+
+
+def join_job(socket_dir: str) -> int | None:
+    """Hold a shared lock on the job's lock file for as long as this process lives (the
+    kernel drops it however the process ends); the descriptor, or None where the directory
+    is gone."""
+    try:
+        fd = os.open(os.path.join(socket_dir, JOB_LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def last_to_leave(lock_fd: int) -> bool:
+    """Drop this process's shared lock on the job and say whether no process of the job holds
+    one any more. Every leaver drops its own lock before it tries for the exclusive one, so
+    of processes leaving together at least the last one gets it."""
+    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
 
 
 def reap(socket_dir: str) -> bool:

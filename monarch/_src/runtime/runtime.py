@@ -76,6 +76,7 @@ class Runtime:
         self._owns_socket_dir = owns_socket_dir
         #: Names this job's shared-memory buffers (one socket directory per job).
         self.job_tag = os.path.basename(socket_dir.rstrip("/"))
+        self._job_lock = job_files.join_job(socket_dir)
         self.max_frame_bytes = CONFIG.max_frame_bytes
         self._socket_seq = 0
         self._seq_lock = threading.Lock()
@@ -368,6 +369,31 @@ class Runtime:
             job_files.remove(self.socket_dir)
         # Runtime._instance keeps pointing here: late senders get a clear error, and never a
         # fresh runtime with another secret.
+
+    def leave_orphaned_job(self) -> None:
+        """This process's parent died without stopping it: remove what this process made, and
+        if it is the last process of the job, the job's socket directory and shared-memory
+        files too (a client killed with -9 cannot, and no one else is left to). Callable from
+        any thread, even while the loop is busy: it touches only files."""
+        try:
+            os.unlink(socket_path(self.address))
+        except OSError:
+            pass
+        self._send_pool.close()
+        if self._job_lock is not None and job_files.last_to_leave(self._job_lock):
+            job_files.remove(self.socket_dir)
+
+
+def _leave_job_in_fork_child() -> None:
+    """A fork of a monarch process is not a process of its job: drop its copy of the job lock
+    (closing the descriptor releases nothing the parent still holds)."""
+    rt = Runtime._instance
+    if rt is not None and rt._job_lock is not None:
+        os.close(rt._job_lock)
+        rt._job_lock = None
+
+
+os.register_at_fork(after_in_child=_leave_job_in_fork_child)
 
 
 def new_client_runtime() -> Runtime:

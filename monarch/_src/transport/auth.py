@@ -24,8 +24,6 @@ CHALLENGE_BYTES = len(MAGIC) + 1 + NONCE_BYTES
 CLIENT_PROOF_BYTES = NONCE_BYTES + DIGEST_BYTES
 SERVER_PROOF_BYTES = DIGEST_BYTES
 
-SECRET_ENV = "MONARCH_JOB_SECRET"
-
 
 class HandshakeError(Exception):
     """The peer failed the handshake: wrong secret, wrong protocol, or not a monarch peer."""

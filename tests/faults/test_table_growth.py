@@ -1,0 +1,79 @@
+"""A long-lived client (a service spawning and stopping meshes for days) keeps no per-mesh
+state for meshes it stopped and dropped: its supervision tables and the runtime's peer
+tables stay the size they were."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from monarch._src.actor import port, supervision  # internal: the tables under test
+from monarch._src.actor.proc import runtime
+from monarch.actor import Actor, endpoint, this_host, this_proc
+
+ROUNDS = 200
+#: A process start costs ~0.1 s of CPU: fewer rounds of those.
+PROC_ROUNDS = 10
+
+
+class Echo(Actor):
+    @endpoint
+    def ping(self, x: int) -> int:
+        return x
+
+
+def table_sizes() -> dict[str, int]:
+    gc.collect()  # a process group and its watchers form cycles
+    rt = runtime()
+    return {
+        "owned meshes": len(supervision._owned),
+        "failed meshes": len(supervision._failed),
+        "stopped meshes": len(supervision._stopped),
+        "dead processes": len(supervision.dead_processes),
+        "locally spawned processes": len(supervision.locally_spawned),
+        "replies waited for": len(port._waiting_on),
+        "open ports": len(port._handlers),
+        "connections": len(rt._conns),
+    }
+
+
+def spawn_call_stop_proc_mesh(i: int) -> None:
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    assert pm.spawn("echo", Echo).ping.call_one(i).get(timeout=30) == i
+    pm.stop().get(timeout=30)
+
+
+def spawn_call_stop_actor_mesh(i: int) -> None:
+    mesh = this_proc().spawn("echo", Echo)
+    assert mesh.ping.call_one(i).get(timeout=30) == i
+    mesh.stop().get(timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_stopped_proc_meshes_leave_no_entries_but_kept_handles_still_fail_fast():
+    spawn_call_stop_proc_mesh(-1)  # whatever the first mesh sets up once
+    before = table_sizes()
+    for i in range(PROC_ROUNDS):
+        spawn_call_stop_proc_mesh(i)
+    after = table_sizes()
+    assert all(after[k] <= before[k] for k in before), (before, after)
+    # What a handle still kept needs stays, however the rest was dropped.
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    mesh = pm.spawn("echo", Echo)
+    assert mesh.ping.call_one(1).get(timeout=30) == 1
+    pm.stop().get(timeout=30)
+    del pm
+    gc.collect()
+    with pytest.raises(supervision.SupervisionError, match="was stopped"):
+        mesh.ping.call_one(2).get(timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_stopped_actor_meshes_leave_no_entries():
+    spawn_call_stop_actor_mesh(-1)
+    before = table_sizes()
+    for i in range(ROUNDS):
+        spawn_call_stop_actor_mesh(i)
+    after = table_sizes()
+    assert all(after[k] <= before[k] for k in before), (before, after)

@@ -1,0 +1,57 @@
+"""A run leaves nothing in ``$TMPDIR``: not even the per-user ``monarch-<uid>`` directory the
+job's socket directory lived in, unless another live job still uses it."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def launch(tmpdir: Path, script: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "monarch.launch", "--nproc-per-node", "2", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
+    )
+
+
+@pytest.mark.timeout(60)
+def test_launch_leaves_tmpdir_empty(tmp_path, short_tmpdir):
+    tmpdir = short_tmpdir
+    script = tmp_path / "train.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'])\n")
+    done = launch(tmpdir, script)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.split("\n"))[-2:] == ["rank 0", "rank 1"]
+    assert os.listdir(tmpdir) == []
+
+
+@pytest.mark.timeout(60)
+def test_the_base_directory_stays_while_another_job_uses_it(tmp_path, short_tmpdir):
+    from monarch._src.runtime.runtime import JOB_LOCK_NAME
+
+    tmpdir = short_tmpdir
+    other_job = tmpdir / f"monarch-{os.getuid()}" / "job-other"
+    other_job.mkdir(parents=True, mode=0o700)
+    # A live job, as its processes make it: a socket of a live process, the job lock held.
+    (other_job / f"{os.getpid()}-1.sock").touch()
+    lock = os.open(other_job / JOB_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        script = tmp_path / "train.py"
+        script.write_text("pass\n")
+        done = launch(tmpdir, script)
+        assert done.returncode == 0, done.stderr
+        assert os.listdir(other_job.parent) == ["job-other"]
+    finally:
+        os.close(lock)
