@@ -38,16 +38,14 @@ def test_launch_leaves_tmpdir_empty(tmp_path, short_tmpdir):
 
 @pytest.mark.timeout(60)
 def test_the_base_directory_stays_while_another_job_uses_it(tmp_path, short_tmpdir):
-    from monarch._src.runtime.runtime import JOB_LOCK_NAME
-
     tmpdir = short_tmpdir
     other_job = tmpdir / f"monarch-{os.getuid()}" / "job-other"
     other_job.mkdir(parents=True, mode=0o700)
-    # A live job, as its processes make it: a socket of a live process, the job lock held.
+    # A live job, as its client makes it: a socket in it, the directory's lock held.
     (other_job / f"{os.getpid()}-1.sock").touch()
-    lock = os.open(other_job / JOB_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    lock = os.open(other_job, os.O_RDONLY)
     try:
-        fcntl.flock(lock, fcntl.LOCK_SH)
+        fcntl.flock(lock, fcntl.LOCK_EX)
         script = tmp_path / "train.py"
         script.write_text("pass\n")
         done = launch(tmpdir, script)

@@ -93,6 +93,11 @@ _stopped: dict[str, str] = {}
 dead_processes: dict[str, str] = {}
 #: addresses of processes spawned here: their spawner reports their exit, with the reason.
 locally_spawned: set[str] = set()
+#: Processes spawned here whose records were dropped (``forget_processes``), most recent last:
+#: their connections may still report the loss after that, which must not record them anew.
+#: Bounded, since each is only late news for a short while; a set in insertion order.
+_forgotten: dict[str, None] = {}
+_FORGOTTEN_KEPT = 4096
 
 
 def mesh_handles(mesh_key: str) -> MeshHandles:
@@ -134,6 +139,9 @@ def forget_processes(addresses: tuple[str, ...]) -> None:
         for address in addresses:
             dead_processes.pop(address, None)
             locally_spawned.discard(address)
+            _forgotten[address] = None
+        while len(_forgotten) > _FORGOTTEN_KEPT:
+            del _forgotten[next(iter(_forgotten))]
 
 
 def record_spawn(owner_key: str, mesh_key: str, name: str, addresses: tuple[str, ...]) -> None:
@@ -259,8 +267,8 @@ PEER_LOST_GRACE_S = 0.2
 
 
 def peer_lost(address: str, reason: BaseException) -> None:
-    if address in locally_spawned:
-        return  # the spawner's exit watch reports it, with the exit status
+    if address in locally_spawned or address in _forgotten:
+        return  # the spawner's exit watch reports it, with the exit status (or already did)
     runtime().loop.call_later(PEER_LOST_GRACE_S, process_exited, address, f"became unreachable ({reason})")
 
 

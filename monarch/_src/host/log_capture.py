@@ -285,15 +285,21 @@ def after_output_written(callback: Callable[[], None], timeout: float = 1.0) -> 
     """Call ``callback`` on the loop once this process's writers have written what they
     hold now (at most ``timeout`` seconds later, so a blocked terminal delays nothing long)."""
     rt = runtime()
-    state = {"left": 2, "done": False}
+    state: dict[str, Any] = {"left": 2, "done": False, "timer": None}
     lock = threading.Lock()
 
-    def fire() -> None:
+    def fire() -> None:  # on the loop
         with lock:
             if state["done"]:
                 return
             state["done"] = True
+        if state["timer"] is not None:
+            state["timer"].cancel()  # lets go of the callback (and what it holds) at once
         callback()
+
+    def arm_timeout() -> None:  # on the loop
+        if not state["done"]:
+            state["timer"] = rt.loop.call_later(timeout, fire)
 
     def one_written() -> None:
         with lock:
@@ -304,7 +310,7 @@ def after_output_written(callback: Callable[[], None], timeout: float = 1.0) -> 
 
     for name in ("stdout", "stderr"):
         output_writer.writer(name).call_after(one_written)
-    rt.loop_thread.call_soon(rt.loop.call_later, timeout, fire)
+    rt.loop_thread.call_soon(arm_timeout)
 
 
 def _live_captures() -> list[OutputCapture]:
