@@ -195,7 +195,9 @@ PEER_LOST_GRACE_S = 0.2
 
 
 def peer_lost(address: str, reason: BaseException) -> None:
-    if address in locally_spawned:
+    from monarch._src.transport.outgoing import PeerUnreachableError  # (loop thread) loaded by now
+
+    if address in locally_spawned and not isinstance(reason, PeerUnreachableError):
         return  # the spawner's exit watch reports it, with the exit status
     runtime().loop.call_later(PEER_LOST_GRACE_S, process_exited, address, f"became unreachable ({reason})")
 
