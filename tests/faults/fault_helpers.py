@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import hmac
 import os
 import socket
 import struct
+import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
+import cloudpickle
 import msgpack
 import psutil
 
-from monarch.actor import Actor, endpoint
+from monarch.actor import Actor, endpoint, this_host
+
+# Workers do not have this folder on their path: the actors below travel by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 CHALLENGE_BYTES = 4 + 1 + 32
 
@@ -43,19 +51,29 @@ class Probe(Actor):
         logging.getLogger("monarch.faults").warning("%s", line)
 
 
+class Relay(Probe):
+    """Calls another mesh from its own process."""
+
+    @endpoint
+    async def forward(self, target: Any, x: object) -> object:
+        return await target.ping.call_one(x)
+
+
+@contextlib.contextmanager
+def probe_worker(env: dict[str, str] | None = None) -> Iterator[tuple[Any, int, str]]:
+    """A 1-process mesh running a ``Probe``: yields (probe, its pid, its address); stopped after."""
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, env=env)
+    try:
+        probe = pm.spawn("probe", Probe)
+        pid, address = probe.where.call_one().get(timeout=30)
+        yield probe, pid, address
+    finally:
+        pm.stop().get(timeout=10)
+
+
 def socket_path(address: str) -> str:
     assert address.startswith("unix:")
     return address[len("unix:") :]
-
-
-def recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError(f"peer closed after {len(data)} of {n} bytes")
-        data += chunk
-    return data
 
 
 def authenticated_connection(address: str, timeout: float = 30.0) -> socket.socket:
@@ -74,10 +92,12 @@ def authenticated_connection(address: str, timeout: float = 30.0) -> socket.sock
             s.close()
             if time.monotonic() > deadline:
                 raise
-    challenge = recv_exactly(s, CHALLENGE_BYTES)
-    nonce_s, nonce_c = challenge[5:], os.urandom(32)
-    s.sendall(nonce_c + hmac.digest(secret, b"C" + nonce_s + nonce_c, hashlib.sha256))
-    recv_exactly(s, 32)  # the server's proof: we are in
+    with s.makefile("rb") as incoming:  # the server sends nothing after its proof
+        challenge = incoming.read(CHALLENGE_BYTES)
+        nonce_s, nonce_c = challenge[5:], os.urandom(32)
+        s.sendall(nonce_c + hmac.digest(secret, b"C" + nonce_s + nonce_c, hashlib.sha256))
+        if len(incoming.read(32)) != 32:  # the server's proof: we are in
+            raise ConnectionError(f"{address} did not accept the handshake")
     return s
 
 

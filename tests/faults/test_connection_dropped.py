@@ -18,7 +18,6 @@ from fault_helpers import Probe
 from monarch.actor import concurrent_endpoint, endpoint, this_host
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-cloudpickle.register_pickle_by_value(sys.modules["fault_helpers"])
 
 
 class Dropper(Probe):

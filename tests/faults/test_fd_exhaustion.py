@@ -11,26 +11,18 @@ from __future__ import annotations
 
 import socket
 import sys
-from typing import Any
 
 import cloudpickle
 import psutil
 import pytest
-from fault_helpers import Probe, socket_path, worker_log
+from fault_helpers import Probe, Relay, socket_path, worker_log
 from helpers import wait_until
 
-from monarch.actor import endpoint, this_host
+from monarch.actor import this_host
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-cloudpickle.register_pickle_by_value(sys.modules["fault_helpers"])
 
 FLOOD = 5000
-
-
-class Relay(Probe):
-    @endpoint
-    async def forward(self, target: Any, x: object) -> object:
-        return await target.ping.call_one(x)
 
 
 def flood(path: str) -> list[socket.socket]:

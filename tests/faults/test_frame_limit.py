@@ -7,18 +7,13 @@ sent behind it on the same connection all complete, in order.
 
 from __future__ import annotations
 
-import sys
 import threading
 
-import cloudpickle
 import pytest
-from fault_helpers import Probe
+from fault_helpers import Probe, probe_worker
 
 import monarch.actor
 from monarch.actor import this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-cloudpickle.register_pickle_by_value(sys.modules["fault_helpers"])
 
 LIMIT = 200_000
 SMALL_LIMIT_ENV = {"MONARCH_MAX_FRAME_BYTES": str(LIMIT)}
@@ -26,10 +21,7 @@ SMALL_LIMIT_ENV = {"MONARCH_MAX_FRAME_BYTES": str(LIMIT)}
 
 @pytest.mark.timeout(60)
 def test_oversize_call_fails_and_the_200_calls_behind_it_complete():
-    pm = this_host().spawn_procs(per_host={"gpus": 1}, env=SMALL_LIMIT_ENV)
-    try:
-        probe = pm.spawn("probe", Probe)
-        assert probe.length.call_one(b"x").get(timeout=30) == 1
+    with probe_worker(SMALL_LIMIT_ENV) as (probe, _, _):
         big = probe.length.call_one(b"x" * (LIMIT + 100_000))
         behind = [probe.length.call_one(b"y" * i) for i in range(200)]
         with pytest.raises(Exception) as info:
@@ -38,8 +30,6 @@ def test_oversize_call_fails_and_the_200_calls_behind_it_complete():
         assert "rejecting oversize frame" in message and f"max={LIMIT}" in message, message
         assert "receiving side" in message and "MONARCH_MAX_FRAME_BYTES" in message and "HINT" in message
         assert [f.get(timeout=10) for f in behind] == list(range(200))
-    finally:
-        pm.stop().get(timeout=10)
 
 
 @pytest.mark.timeout(60)

@@ -6,17 +6,9 @@ and then only 1 MiB of it: the worker's memory grows with what arrived, not with
 
 from __future__ import annotations
 
-import sys
-
-import cloudpickle
 import pytest
-from fault_helpers import Probe, authenticated_connection, frame_head, rss, unsent_bytes
+from fault_helpers import authenticated_connection, frame_head, probe_worker, rss, unsent_bytes
 from helpers import wait_until
-
-from monarch.actor import this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-cloudpickle.register_pickle_by_value(sys.modules["fault_helpers"])
 
 CLAIM = 9 << 30
 SENT = 1 << 20
@@ -25,10 +17,7 @@ RSS_GROWTH_BOUND = 256 << 20
 
 @pytest.mark.timeout(60)
 def test_claimed_body_is_not_allocated_ahead():
-    pm = this_host().spawn_procs(per_host={"gpus": 1})
-    try:
-        probe = pm.spawn("probe", Probe)
-        pid, address = probe.where.call_one().get(timeout=30)
+    with probe_worker() as (probe, pid, address):
         before = rss(pid)
         with authenticated_connection(address) as s:
             header = {
@@ -47,5 +36,3 @@ def test_claimed_body_is_not_allocated_ahead():
                 f"worker grew by {growth >> 20} MiB for a {SENT >> 20} MiB start"
             )
         assert probe.ping.call_one("still serving").get(timeout=10) == "still serving"
-    finally:
-        pm.stop().get(timeout=10)

@@ -11,24 +11,16 @@ import os
 import signal
 import sys
 import time
-from typing import Any
 
 import cloudpickle
 import pytest
-from fault_helpers import Probe
+from fault_helpers import Probe, Relay
 
-from monarch.actor import endpoint, this_host
+from monarch.actor import this_host
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-cloudpickle.register_pickle_by_value(sys.modules["fault_helpers"])
 
 BOUND_S = 2
-
-
-class Relay(Probe):
-    @endpoint
-    async def forward(self, target: Any, x: object) -> object:
-        return await target.ping.call_one(x)
 
 
 @pytest.mark.timeout(60)

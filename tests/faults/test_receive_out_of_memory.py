@@ -8,27 +8,16 @@ answers the caller with the MemoryError.
 
 from __future__ import annotations
 
-import sys
-
-import cloudpickle
 import psutil
 import pytest
-from fault_helpers import Probe
-
-from monarch.actor import this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-cloudpickle.register_pickle_by_value(sys.modules["fault_helpers"])
+from fault_helpers import probe_worker
 
 HEADROOM = 40 << 20
 
 
 @pytest.mark.timeout(60)
 def test_memory_error_while_reading_reaches_the_caller():
-    pm = this_host().spawn_procs(per_host={"gpus": 1})
-    try:
-        probe = pm.spawn("probe", Probe)
-        pid, _ = probe.where.call_one().get(timeout=30)
+    with probe_worker() as (probe, pid, _):
         worker = psutil.Process(pid)
         before = worker.rlimit(psutil.RLIMIT_AS)
         worker.rlimit(psutil.RLIMIT_AS, (worker.memory_info().vms + HEADROOM, before[1]))
@@ -40,5 +29,3 @@ def test_memory_error_while_reading_reaches_the_caller():
         message = str(info.value)
         assert f"pid {pid}" in message and "ran out of memory" in message and "HINT" in message, message
         assert probe.length.call_one("still here").get(timeout=10) == 10
-    finally:
-        pm.stop().get(timeout=10)

@@ -8,17 +8,10 @@ costs neither memory nor descriptors, and a real peer still gets in.
 from __future__ import annotations
 
 import socket
-import sys
 import time
 
-import cloudpickle
 import pytest
-from fault_helpers import Probe, authenticated_connection, rss, socket_path
-
-from monarch.actor import this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-cloudpickle.register_pickle_by_value(sys.modules["fault_helpers"])
+from fault_helpers import authenticated_connection, probe_worker, rss, socket_path
 
 FLOOD = 5000
 RSS_GROWTH_BOUND = 64 << 20
@@ -43,19 +36,15 @@ def open_idle(path: str, n: int, timeout: float = 30.0) -> list[socket.socket]:
 
 @pytest.mark.timeout(90)
 def test_idle_strangers_keep_the_worker_small():
-    pm = this_host().spawn_procs(per_host={"gpus": 1})
-    socks: list[socket.socket] = []
-    try:
-        probe = pm.spawn("probe", Probe)
-        pid, address = probe.where.call_one().get(timeout=30)
+    with probe_worker() as (probe, pid, address):
         before = rss(pid)
         socks = open_idle(socket_path(address), FLOOD)
-        # Accepted in order: once this one is through the handshake, the flood is accepted too.
-        authenticated_connection(address).close()
-        growth = rss(pid) - before
-        assert growth < RSS_GROWTH_BOUND, f"worker grew by {growth >> 20} MiB for {FLOOD} idle strangers"
-        assert probe.ping.call_one("still serving").get(timeout=10) == "still serving"
-    finally:
-        for s in socks:
-            s.close()
-        pm.stop().get(timeout=10)
+        try:
+            # Accepted in order: once this one is through the handshake, so is the flood.
+            authenticated_connection(address).close()
+            growth = rss(pid) - before
+            assert growth < RSS_GROWTH_BOUND, f"worker grew by {growth >> 20} MiB for {FLOOD} idle strangers"
+            assert probe.ping.call_one("still serving").get(timeout=10) == "still serving"
+        finally:
+            for s in socks:
+                s.close()
