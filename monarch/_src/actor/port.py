@@ -96,6 +96,17 @@ def fail_waiting_on(address: str, exc_factory: Any) -> None:
         h.fail(exc_factory(h))
 
 
+def waiting_on(address: str) -> list[PortHandler]:
+    """The handlers now waiting on a reply from the process at ``address``."""
+    with _waiting_lock:
+        return list(_waiting_on.get(address, ()))
+
+
+def handler_of(port_id: int | None) -> PortHandler | None:
+    """The handler receiving on ``port_id`` in this process, if it is still open."""
+    return _handlers.get(port_id)  # type: ignore[arg-type]
+
+
 def handle_port_frame(header: dict, bodies: list) -> None:
     handler = _handlers.get(header["p"])
     if handler is None:

@@ -91,7 +91,7 @@ def current_runtime() -> Runtime | None:
 
 
 def _install(rt: Runtime) -> None:
-    from monarch._src.actor import instance, log_forwarding, log_prefix, port, supervision
+    from monarch._src.actor import instance, log_forwarding, log_prefix, port, supervision, undelivered
     from monarch._src.actor.future import set_loop_thread_probe
     from monarch._src.runtime import framework_log
 
@@ -109,6 +109,8 @@ def _install(rt: Runtime) -> None:
     rt.register(LOG_FLUSH_KIND, log_forwarding.handle_log_flush)
     rt.register(LOG_OPTION_KIND, log_forwarding.handle_log_option)
     rt.on_peer_lost(supervision.peer_lost)
+    rt.on_undeliverable(undelivered.message_rejected)
+    rt.on_frames_lost(undelivered.connection_lost)
     set_loop_thread_probe(lambda: rt.loop_thread.ident)
     if not _is_worker:
         supervision.install_sigint_wrapper()

@@ -267,8 +267,12 @@ PEER_LOST_GRACE_S = 0.2
 
 
 def peer_lost(address: str, reason: BaseException) -> None:
-    if address in locally_spawned or address in _forgotten:
-        return  # the spawner's exit watch reports it, with the exit status (or already did)
+    from monarch._src.transport.outgoing import PeerUnreachableError  # (loop thread) loaded by now
+
+    if address in _forgotten:
+        return  # its exit was reported, and its records dropped, already
+    if address in locally_spawned and not isinstance(reason, PeerUnreachableError):
+        return  # the spawner's exit watch reports it, with the exit status
     runtime().loop.call_later(PEER_LOST_GRACE_S, process_exited, address, f"became unreachable ({reason})")
 
 

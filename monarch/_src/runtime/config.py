@@ -29,6 +29,12 @@ class RuntimeConfig:
     shm_pool_bytes: int = field(default_factory=lambda: _int_env("MONARCH_SHM_POOL_BYTES", 512 << 20))
     #: Seconds a pooled file may stay unused before it is removed (its memory freed).
     shm_pool_idle_s: float = field(default_factory=lambda: float(_int_env("MONARCH_SHM_POOL_IDLE_S", 30)))
+    #: Seconds a peer whose process is alive may stay unreachable (connections refused for
+    #: lack of descriptors, a full listen backlog, no answer to the handshake) before it is
+    #: declared dead; a peer whose process is gone is declared dead at once.
+    peer_unreachable_s: float = field(
+        default_factory=lambda: float(_int_env("MONARCH_PEER_UNREACHABLE_S", 120))
+    )
     #: How long shutdown waits for a worker to exit by itself before killing it.
     stop_timeout_s: float = 5.0
 

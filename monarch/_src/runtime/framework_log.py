@@ -124,6 +124,15 @@ class _LazyDirFileHandler(logging.FileHandler):
         os.makedirs(os.path.dirname(self.baseFilename), mode=0o700, exist_ok=True)
         return super()._open()
 
+    def emit(self, record: logging.LogRecord) -> None:
+        # Opening the file at the first record can fail (a process out of descriptors is just
+        # when something worth logging happens): the record goes to stderr instead, and the
+        # file is tried again at the next one. Logging must never raise into its caller.
+        try:
+            super().emit(record)
+        except OSError:
+            sys.stderr.write(self.format(record) + "\n")
+
 
 def setup(file_name: str, *, is_worker: bool) -> None:
     """Configure the ``monarch`` logger once per process (later calls do nothing).

@@ -26,6 +26,7 @@ from monarch._src.runtime.config import CONFIG
 from monarch._src.runtime.loop_thread import LoopThread
 from monarch._src.transport import auth
 from monarch._src.transport.connection import IncomingConnection
+from monarch._src.transport.listener import Listener
 from monarch._src.transport.outgoing import OutgoingConnection
 from monarch._src.wire.frame import FrameTooLargeError, encode_frame
 
@@ -34,6 +35,11 @@ logger = logging.getLogger("monarch.runtime")
 #: A frame handler; it owns the list of bodies it is given (and may empty it).
 Handler = Callable[[dict, list], None]
 PeerLostCallback = Callable[[str, BaseException], None]
+#: Told the header of a message this process received but could not deliver, and why.
+UndeliverableCallback = Callable[[dict, BaseException], None]
+#: Told that a connection to a peer closed with frames possibly undelivered; returns what to
+#: do once the peer turns out to be alive (a dead peer is reported through PeerLostCallback).
+FramesLostCallback = Callable[[str, BaseException], Callable[[], None]]
 
 ADDRESS_PREFIX = "unix:"
 
@@ -88,6 +94,8 @@ class Runtime:
         self._conns_lock = threading.Lock()
         self._incoming: set[IncomingConnection] = set()
         self._peer_lost: list[PeerLostCallback] = []
+        self._undeliverable: list[UndeliverableCallback] = []
+        self._frames_lost: list[FramesLostCallback] = []
         self._send_pool = shm.SendPool(self.job_tag, CONFIG.shm_pool_bytes)
         #: Lent files this process is done with, per lender, not yet told (see _give_back).
         self._given_back: dict[str, list[str]] = {}
@@ -104,7 +112,8 @@ class Runtime:
             for hook in Runtime._start_hooks:
                 hook(self)
             Runtime._instance = self
-        self._server = self.loop_thread.run_sync(self._listen(listen_sock))
+        self._listener = Listener(self.loop, listen_sock, self._new_incoming)
+        self.loop_thread.call_soon(self._listener.start)
 
     # -- process-wide instance ----------------------------------------------------------------
 
@@ -161,7 +170,25 @@ class Runtime:
         self._handlers[kind] = handler
 
     def on_peer_lost(self, callback: PeerLostCallback) -> None:
+        """``callback(address, reason)`` when the peer at ``address`` is taken for dead: its
+        process is gone, or it stayed unreachable for ``CONFIG.peer_unreachable_s``."""
         self._peer_lost.append(callback)
+
+    def on_undeliverable(self, callback: UndeliverableCallback) -> None:
+        """``callback(header, error)`` for a message received that cannot be delivered (too
+        large, no memory for it, its shared-memory buffer gone), so its sender can be told."""
+        self._undeliverable.append(callback)
+
+    def on_frames_lost(self, callback: FramesLostCallback) -> None:
+        """See ``FramesLostCallback``."""
+        self._frames_lost.append(callback)
+
+    def _reject(self, header: dict, error: BaseException) -> None:
+        for cb in self._undeliverable:
+            try:
+                cb(header, error)
+            except Exception:
+                logger.exception("reporting an undeliverable message failed")
 
     def dispatch(self, header: dict, bodies: list) -> None:
         handler = self._handlers.get(header.get("k"))  # type: ignore[arg-type]
@@ -252,7 +279,16 @@ class Runtime:
                     else:
                         bodies[i] = shm.import_(name, as_bytes=i in as_bytes)
             except (OSError, ValueError, TypeError, IndexError) as e:
-                logger.error("dropping a frame whose shared-memory buffer is unusable: %s", e)
+                logger.error("rejecting a message whose shared-memory buffer is unusable: %s", e)
+                self._reject(
+                    header,
+                    OSError(
+                        f"a shared-memory buffer of this message could not be mapped by the "
+                        f"receiving process (pid {os.getpid()}): {e}\n"
+                        "HINT: something removed the message's file from /dev/shm before it "
+                        "was received (a cleanup job, or a full /dev/shm); send it again."
+                    ),
+                )
                 return
         self.dispatch(header, bodies)
 
@@ -302,6 +338,7 @@ class Runtime:
                 on_close=lambda c, reason: self._outgoing_closed(address, c, reason),
                 name=address,
                 loop_ident=self.loop_thread.ident,
+                unreachable_timeout_s=CONFIG.peer_unreachable_s,
             )
             self._conns[address] = conn
         self.loop_thread.call_soon(self.loop.create_task, conn.connect())
@@ -313,25 +350,34 @@ class Runtime:
                 del self._conns[address]
         if self.closed:
             return
+        if conn.authenticated:
+            # A live peer may have dropped only this connection: connect again to find out.
+            # Frames that were on it may be lost; their senders are told once the peer is
+            # found alive (if it is gone, it is reported as lost, which fails them too).
+            logger.debug("connection to %s lost (%s); reconnecting", address, reason)
+            on_alive = [cb(address, reason) for cb in self._frames_lost]
+            on_alive.append(
+                lambda: logger.warning("connection to %s re-established after: %s", address, reason)
+            )
+            self._connect(address).when_authenticated.extend(on_alive)
+            return
         for cb in list(self._peer_lost):
             try:
                 cb(address, reason)
             except Exception:
                 logger.exception("peer-lost callback failed")
 
-    async def _listen(self, sock: socket.socket) -> asyncio.AbstractServer:
-        def factory() -> IncomingConnection:
-            conn = IncomingConnection(
-                secret=self.secret,
-                max_frame_bytes=self.max_frame_bytes,
-                on_frame=self._receive,
-                on_close=lambda c, reason: self._incoming.discard(c),
-                name=f"<-{self.address}",
-            )
-            self._incoming.add(conn)
-            return conn
-
-        return await self.loop.create_unix_server(factory, sock=sock)
+    def _new_incoming(self) -> IncomingConnection:
+        conn = IncomingConnection(
+            secret=self.secret,
+            max_frame_bytes=self.max_frame_bytes,
+            on_frame=self._receive,
+            on_reject=self._reject,
+            on_close=lambda c, reason: self._incoming.discard(c),
+            name=f"<-{self.address}",
+        )
+        self._incoming.add(conn)
+        return conn
 
     # -- shutdown -------------------------------------------------------------------------------
 
@@ -342,7 +388,7 @@ class Runtime:
         self.closed = True
 
         async def close_all() -> None:
-            self._server.close()
+            self._listener.close()
             outgoing = list(self._conns.values())
             # Deliver what was sent before shutdown (e.g. "actor stopped" notices), bounded.
             if outgoing:

@@ -5,15 +5,21 @@ on a connection of its own and receives on the peer's).
 
 Reading uses a scratch buffer for small data and hands the event loop the frame body's final
 buffer for large bodies, so a 64 MiB array is read from the socket straight into the memory the
-unpickled object will use. Nothing is decoded before the handshake (see ``auth``) succeeds; a
-bad handshake, oversized frame or malformed header closes only this connection, with a logged
-reason.
+unpickled object will use. That buffer grows as the bytes arrive (``ALLOC_AHEAD_BYTES`` at
+first, then doubling), so a header that claims a huge body costs nothing until the body comes.
+
+Nothing is decoded before the handshake (see ``auth``) succeeds, and until then the connection
+holds only a few bytes of buffer. A bad handshake or malformed header closes only this
+connection, with a logged reason. A well-formed frame this process cannot take (over the size
+limit, or no memory for its body) is skipped, and its header handed to ``on_reject``, so its
+sender hears why; the connection stays usable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -33,16 +39,22 @@ logger = logging.getLogger("monarch.transport")
 SCRATCH_BYTES = 256 * 1024
 #: A body at least this large is read directly into its own buffer.
 DIRECT_READ_BYTES = 64 * 1024
+#: A large body's buffer is first allocated this large (or the body's size, if smaller); it
+#: doubles when full, so memory follows the bytes that actually arrived.
+ALLOC_AHEAD_BYTES = 16 << 20
 #: An unauthenticated peer is dropped after this long (defends the listener).
 HANDSHAKE_TIMEOUT_S = 10.0
 
 FrameHandler = Callable[[dict, list], None]
+#: Told the header of a frame that was not delivered, and why.
+RejectHandler = Callable[[dict, BaseException], None]
 
 # Reader states.
 _AUTH = 0
 _PREFIX = 1
 _HEADER = 2
 _BODY = 3
+_SKIP = 4
 
 
 class IncomingConnection(asyncio.BufferedProtocol):
@@ -54,6 +66,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
         secret: bytes,
         max_frame_bytes: int,
         on_frame: FrameHandler,
+        on_reject: RejectHandler,
         on_close: Callable[[IncomingConnection, BaseException | None], None] | None = None,
         name: str = "",
     ) -> None:
@@ -61,16 +74,22 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self._secret = secret
         self._max_frame = max_frame_bytes
         self._on_frame = on_frame
+        self._on_reject = on_reject
         self._on_close = on_close
         self.transport: asyncio.Transport | None = None
         self.authenticated = False
         self.closed = False
         self.close_reason: BaseException | None = None
-        self._buf = bytearray(SCRATCH_BYTES)
+        # Just the client's proof until the peer is authenticated (see _auth_step).
+        self._buf = bytearray(auth.CLIENT_PROOF_BYTES)
         self._start = 0
         self._end = 0
         self._target: bytearray | None = None
         self._target_pos = 0
+        self._target_size = 0
+        #: While skipping a rejected frame: bytes left to skip, and why it was rejected.
+        self._skip = 0
+        self._reject_reason: BaseException | None = None
         self._state = _AUTH
         self._need = auth.CLIENT_PROOF_BYTES
         self._nonce_s = b""
@@ -85,17 +104,36 @@ class IncomingConnection(asyncio.BufferedProtocol):
         # A stream server or connection always hands over a full Transport; the base
         # protocol signature only promises BaseTransport.
         self.transport = stream = cast("asyncio.Transport", transport)
+        if self.closed:  # dropped (see listener) before its transport was made
+            stream.abort()
+            return
         loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
         self._nonce_s = auth.new_nonce()
         stream.write(auth.challenge(self._nonce_s))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closed(exc or ConnectionResetError(f"connection {self.name} closed by peer"))
+        reason = exc or ConnectionResetError(f"connection {self.name} closed by peer")
+        if self._state in (_BODY, _SKIP) and self._header:
+            # The frame was cut off: its sender (if it still listens) hears of it.
+            self._reject(
+                self._reject_reason
+                or ConnectionResetError(f"the connection closed in the middle of this message ({reason})")
+            )
+        self._closed(reason)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._target is not None:
-            return memoryview(self._target)[self._target_pos :]
+        target = self._target
+        if target is not None:
+            if self._target_pos == len(target):
+                # Grown here, before the read: nothing else holds a view of it now.
+                try:
+                    target.extend(bytes(min(self._target_size, 2 * len(target)) - len(target)))
+                except MemoryError:
+                    self._target = None
+                    self._skip_rest_of_frame(self._out_of_memory(), self._target_size - self._target_pos)
+                    return self.get_buffer(sizehint)
+            return memoryview(target)[self._target_pos :]
         if self._end == len(self._buf):
             self._compact()
         return memoryview(self._buf)[self._end :]
@@ -103,7 +141,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._target is not None:
             self._target_pos += nbytes
-            if self._target_pos < len(self._target):
+            if self._target_pos < self._target_size:
                 return
             body, self._target = self._target, None
             self._body_done(body)
@@ -117,8 +155,8 @@ class IncomingConnection(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         return False
 
-    def abort(self, reason: BaseException) -> None:
-        if not self.closed:
+    def abort(self, reason: BaseException, log: bool = True) -> None:
+        if not self.closed and log:
             logger.warning("closing connection %s: %s", self.name, reason)
         self._closed(reason)
         if self.transport is not None:
@@ -171,9 +209,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
                 if hlen <= MAX_HEADER_BYTES and hend <= end:
                     header = decode_header(buf[start + PREFIX_SIZE : hend])
                     lengths = header[BODY_LENGTHS]
-                    if hend + sum(lengths) <= end:
-                        if hlen + sum(lengths) > self._max_frame:
-                            raise FrameTooLargeError(hlen + sum(lengths), self._max_frame, "receiving")
+                    if hend + sum(lengths) <= end and hlen + sum(lengths) <= self._max_frame:
                         bodies = []
                         pos = hend
                         for n in lengths:
@@ -191,14 +227,29 @@ class IncomingConnection(asyncio.BufferedProtocol):
                     self._body_done(self._take(n))
                     continue
                 if n >= DIRECT_READ_BYTES:
-                    target = bytearray(n)
+                    try:
+                        target = bytearray(min(n, max(ALLOC_AHEAD_BYTES, avail)))
+                    except MemoryError:
+                        self._skip_rest_of_frame(self._out_of_memory(), n)
+                        continue
                     target[:avail] = self._buf[self._start : self._end]
                     self._start = self._end = 0
-                    self._target, self._target_pos = target, avail
+                    self._target, self._target_pos, self._target_size = target, avail, n
                     return
                 if n > len(self._buf) - self._start:
                     self._compact()
                 return
+            if self._state == _SKIP:
+                n = min(avail, self._skip)
+                self._skip -= n
+                self._start += n
+                if self._start == self._end:
+                    self._start = self._end = 0
+                if self._skip:
+                    return
+                self._state, self._need = _PREFIX, PREFIX_SIZE
+                self._reject(self._reject_reason)  # type: ignore[arg-type]
+                continue
             if avail < self._need:
                 if self._need > len(self._buf) - self._start:
                     self._compact()
@@ -215,15 +266,42 @@ class IncomingConnection(asyncio.BufferedProtocol):
                 header = decode_header(data)
                 lengths = header[BODY_LENGTHS]
                 total = len(data) + sum(lengths)
-                if total > self._max_frame:
-                    raise FrameTooLargeError(total, self._max_frame, "receiving")
                 self._header, self._lengths, self._bodies = header, lengths, []
-                if lengths:
+                if total > self._max_frame:
+                    self._skip_rest_of_frame(FrameTooLargeError(total, self._max_frame, "receiving"), 0)
+                elif lengths:
                     self._state = _BODY
                 else:
                     self._frame_done()
             else:
                 self._auth_step(data)
+                buf = self._buf  # the full-size buffer it put in place
+
+    def _skip_rest_of_frame(self, reason: BaseException, skip_of_this_body: int) -> None:
+        """Drop the frame being read (its header is known): skip what is left of its current
+        body (``skip_of_this_body``) and of the bodies after it, then reject it."""
+        later = self._lengths[len(self._bodies) + (1 if skip_of_this_body else 0) :]
+        self._bodies = []
+        self._skip = skip_of_this_body + sum(later)
+        self._reject_reason = reason
+        self._state = _SKIP
+        logger.warning("skipping a message on connection %s: %s", self.name, str(reason).split("\n", 1)[0])
+
+    def _out_of_memory(self) -> MemoryError:
+        size = sum(self._lengths)
+        return MemoryError(
+            f"the receiving process (pid {os.getpid()}) ran out of memory for a {size}-byte "
+            "message; the message was dropped\n"
+            "HINT: send large data in smaller pieces, or give the receiving process more memory."
+        )
+
+    def _reject(self, reason: BaseException) -> None:
+        header = self._header
+        self._header, self._bodies, self._reject_reason = {}, [], None
+        try:
+            self._on_reject(header, reason)
+        except Exception:
+            logger.exception("reporting a rejected message failed")
 
     def _body_done(self, body: Any) -> None:
         self._bodies.append(body)
@@ -241,5 +319,10 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self.transport.write(auth.server_proof(self._secret, nonce_c, self._nonce_s))  # type: ignore[union-attr]
         self.authenticated = True
         self._state, self._need = _PREFIX, PREFIX_SIZE
+        # Only now is the peer worth a full-size buffer.
+        early = self._buf[self._start : self._end]
+        self._buf = bytearray(SCRATCH_BYTES)
+        self._buf[: len(early)] = early
+        self._start, self._end = 0, len(early)
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()

@@ -7,6 +7,12 @@ Monarch's per-sender ordering, and skipping the thread hop roughly halves the la
 blocking call. The loop thread runs the client half of the handshake (``auth``); frames sent
 before it completes wait in the queue.
 
+A peer that cannot be reached yet (its listener's backlog is full, it is out of descriptors,
+this process is) is retried with backoff, its frames kept in order, for up to
+``unreachable_timeout_s``; only a peer nobody listens for any more (its process is gone) fails
+at once. Either way the connection then closes with a reason (``PeerGoneError``,
+``PeerUnreachableError``) that tells its owner what happened.
+
 A write that wakes a sleeping peer costs tens of microseconds of CPU, so a thread sending a
 burst (frames less than ``BURST_GAP_S`` apart) corks: its frames queue up and go out in one
 write when ``CORK_BUFFERS`` are queued, when the thread is about to block (``flush_corked``,
@@ -30,9 +36,9 @@ from monarch._src.transport.cork import note_corked
 
 logger = logging.getLogger("monarch.transport")
 
-#: How long to wait for a peer that is still starting (its socket is bound before its
-#: interpreter runs; a peer that dies instead is reported by whoever spawned it).
-HANDSHAKE_TIMEOUT_S = 120.0
+#: First and longest pause between two attempts to reach a peer that is alive but unreachable.
+RETRY_FIRST_S = 0.01
+RETRY_MAX_S = 1.0
 #: At most this many buffers per sendmsg call (the kernel's IOV_MAX is 1024).
 MAX_IOV = 512
 #: Frames sent closer together than this on one connection form a burst, which is corked.
@@ -42,6 +48,14 @@ CORK_BUFFERS = 192
 #: While a thread is still corking, the loop leaves the writing to it and looks again this much
 #: later (writing from two threads at once makes each wait on the other's lock).
 CORK_RECHECK_S = 1e-3
+
+
+class PeerGoneError(ConnectionRefusedError):
+    """Nobody listens at the peer's address any more: its process exited (or shut down)."""
+
+
+class PeerUnreachableError(ConnectionError):
+    """The peer could not be reached (or did not answer the handshake) within the bound."""
 
 
 def _nbytes(buffer: Any) -> int:
@@ -59,12 +73,18 @@ class OutgoingConnection:
         on_close: Callable[[OutgoingConnection, BaseException], None],
         name: str,
         loop_ident: int | None,
+        unreachable_timeout_s: float,
     ) -> None:
         self._loop = loop
         self._loop_ident = loop_ident
         self._path = path
         self._secret = secret
         self._on_close = on_close
+        #: Run (on the loop thread) once the handshake completes.
+        self.when_authenticated: list[Callable[[], None]] = []
+        self._unreachable_timeout_s = unreachable_timeout_s
+        self._retry_delay = RETRY_FIRST_S
+        self._last_error: BaseException | None = None
         self.name = name
         self._lock = threading.Lock()
         self._queue: collections.deque[Any] = collections.deque()  # buffers, as sent
@@ -200,22 +220,59 @@ class OutgoingConnection:
     # -- connecting and the handshake (loop thread) ----------------------------------------
 
     async def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        """Connect and authenticate, retrying within the bound (see the module docstring)."""
+        self._timer = self._loop.call_later(self._unreachable_timeout_s, self._unreachable)
+        await self._attempt()
+
+    async def _attempt(self) -> None:
+        if self.closed:
+            return
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as e:  # out of descriptors here: as transient as the peer being busy
+            self._retry(e)
+            return
         sock.setblocking(False)
         self._sock = sock
-        self._timer = self._loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
         try:
-            await self._loop.sock_connect(sock, self._path)
+            # A Unix socket connects at once or fails at once (EAGAIN: the backlog is full).
+            sock.connect(self._path)
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            self._fail(PeerGoneError(f"nobody listens at {self.name} any more ({e})"))
+            return
         except OSError as e:
-            self._fail(ConnectionRefusedError(f"cannot connect to {self.name}: {e}"))
+            self._retry(e)
             return
         if not self.closed:
             self._loop.add_reader(sock.fileno(), self._readable)
 
-    def _handshake_timeout(self) -> None:
+    def _retry(self, error: BaseException) -> None:
+        """(loop thread, before the handshake completed) Try again later; frames stay queued."""
+        if self.closed:
+            return
+        if self._last_error is None:
+            logger.warning(
+                "cannot reach %s yet (%s); retrying for up to %ss (MONARCH_PEER_UNREACHABLE_S)",
+                self.name,
+                error,
+                self._unreachable_timeout_s,
+            )
+        self._last_error = error
+        self._close_socket()
+        self._handshake.clear()
+        self._nonce_s = b""
+        self._loop.call_later(self._retry_delay, lambda: self._loop.create_task(self._attempt()))
+        self._retry_delay = min(2 * self._retry_delay, RETRY_MAX_S)
+
+    def _unreachable(self) -> None:
         if not self.authenticated:
+            why = f"last error: {self._last_error}" if self._last_error else "the handshake never completed"
             self._fail(
-                auth.HandshakeError(f"handshake with {self.name} not completed within {HANDSHAKE_TIMEOUT_S}s")
+                PeerUnreachableError(
+                    f"{self.name} could not be reached within {self._unreachable_timeout_s}s ({why})\n"
+                    "HINT: MONARCH_PEER_UNREACHABLE_S sets how long a live but unreachable peer "
+                    "is waited for before it is declared dead."
+                )
             )
 
     def _readable(self) -> None:
@@ -224,10 +281,10 @@ class OutgoingConnection:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
-            self._fail(e)
+            self._lost(e)
             return
         if not data:
-            self._fail(ConnectionResetError(f"connection {self.name} closed by peer"))
+            self._lost(ConnectionResetError(f"connection {self.name} closed by peer"))
             return
         if self.authenticated:
             self._fail(auth.HandshakeError(f"peer {self.name} sent data on a send-only connection"))
@@ -237,6 +294,8 @@ class OutgoingConnection:
             self._handshake_step()
         except auth.HandshakeError as e:
             self._fail(e)
+        except OSError as e:  # the peer went away while we answered its challenge
+            self._retry(e)
 
     def _handshake_step(self) -> None:
         if not self._nonce_s:
@@ -254,6 +313,8 @@ class OutgoingConnection:
         auth.check_server_proof(self._secret, self._nonce_c, self._nonce_s, bytes(self._handshake))
         if self._timer is not None:
             self._timer.cancel()
+        if self._last_error is not None:
+            logger.warning("reached %s", self.name)
         with self._lock:
             self.authenticated = True
             if self._queue:
@@ -261,8 +322,31 @@ class OutgoingConnection:
                 self._loop.call_soon(self._flush)
             else:
                 self._wake_drain_waiters()
+        for fn in self.when_authenticated:
+            fn()
 
     # -- closing ----------------------------------------------------------------------------
+
+    def _lost(self, error: BaseException) -> None:
+        """The socket failed: before the handshake that is worth another try, after it the
+        connection (and what was queued on it) is gone."""
+        if self.authenticated:
+            self._fail(error)
+        else:
+            self._retry(error)
+
+    def _close_socket(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        with self._lock:
+            self._writer_registered = False
+        try:
+            self._loop.remove_reader(sock.fileno())
+            self._loop.remove_writer(sock.fileno())
+        except (ValueError, OSError):
+            pass
+        sock.close()
 
     def _fail(self, reason: BaseException) -> None:
         with self._lock:
@@ -274,14 +358,7 @@ class OutgoingConnection:
             self._wake_drain_waiters()
         if self._timer is not None:
             self._timer.cancel()
-        sock = self._sock
-        if sock is not None:
-            try:
-                self._loop.remove_reader(sock.fileno())
-                self._loop.remove_writer(sock.fileno())
-            except (ValueError, OSError):
-                pass
-            sock.close()
+        self._close_socket()
         self._on_close(self, reason)
 
     def close(self) -> None:

@@ -1,0 +1,64 @@
+"""Messages that cannot be delivered are reported to whoever waits for them, never dropped.
+
+A message can fail to arrive in two ways. The receiving process may reject it (larger than its
+``MONARCH_MAX_FRAME_BYTES``, no memory for it, its shared-memory buffer gone): it then answers
+the message's reply port with the error, or, for a message nobody waits on (a broadcast),
+reports a failure of the receiving actor to its owner. Or the connection it travelled on may
+close while the peer lives on: calls that were waiting on that peer then fail, since whether
+their messages arrived cannot be known.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from monarch._src.actor import port, supervision
+from monarch._src.actor.proc import MSG_KIND, PORT_KIND, lookup
+
+logger = logging.getLogger("monarch.actor")
+
+
+def message_rejected(header: dict, error: BaseException) -> None:
+    """(receiving process) ``header``'s message could not be delivered because of ``error``."""
+    kind = header.get("k")
+    if kind == PORT_KIND:  # a reply to this very process: its receiver is here
+        handler = port.handler_of(header.get("p"))
+        if handler is not None:
+            handler.deliver(header.get("r"), error, True)
+        return
+    spec = header.get("p")
+    if isinstance(spec, list) and len(spec) == 2:
+        port.Port(spec[0], spec[1], header.get("r")).exception(error)
+        return
+    inst = lookup(header.get("d")) if kind == MSG_KIND else None  # type: ignore[arg-type]
+    if inst is not None:
+        supervision.actor_failed(
+            inst,
+            f"The actor {inst.name}[{inst.rank.rank}] could not receive a message for its endpoint "
+            f"{header.get('e')}(): {error}",
+        )
+        return
+    logger.error("dropped an undeliverable message of kind %r: %s", kind, error)
+
+
+def connection_lost(address: str, reason: BaseException) -> Callable[[], None]:
+    """A connection to ``address`` closed with messages on it; returns what to do if the
+    process there turns out to be alive: fail the calls that were waiting on it by then."""
+    waiting = port.waiting_on(address)
+
+    def peer_alive() -> None:
+        still = set(port.waiting_on(address))
+        for handler in waiting:
+            if handler in still:
+                handler.stop_expecting()
+                handler.fail(
+                    ConnectionError(
+                        f"Endpoint call {handler.label}() failed: the connection to {address} "
+                        f"closed ({reason}) before its message was known to be delivered. The "
+                        "process is still alive, so the call may or may not have run.\n"
+                        "HINT: retry the call if it is safe to run twice."
+                    )
+                )
+
+    return peer_alive

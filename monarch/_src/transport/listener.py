@@ -1,0 +1,135 @@
+"""Accepting connections on this process's listening socket.
+
+The accept loop is this module's rather than the event loop's server because running out of
+file descriptors must not end a process's reachability: uvloop closes a server whose accept
+fails with EMFILE, after which every peer takes the (live) process for dead. Here the failure
+is logged once, accepting pauses with backoff, and the peers wait in the listen backlog.
+
+Connections that have not authenticated yet are capped at ``MAX_PENDING_HANDSHAKES``; past
+that the oldest is dropped. A flood of idle strangers thus costs bounded memory and
+descriptors, while a real peer, whose handshake takes one round trip, still gets in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+from collections.abc import Callable
+
+from monarch._src.transport import auth
+from monarch._src.transport.connection import IncomingConnection
+
+logger = logging.getLogger("monarch.transport")
+
+MAX_PENDING_HANDSHAKES = 256
+#: Accepts per wakeup, so a burst of connections does not starve the loop.
+ACCEPT_BATCH = 64
+#: First and longest pause of accepting after running out of descriptors or memory.
+ACCEPT_RETRY_FIRST_S = 0.05
+ACCEPT_RETRY_MAX_S = 1.0
+#: Errors that a later accept may not hit again (resources of this process or the system).
+_TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+class Listener:
+    """Accepts connections on ``sock`` (bound and listening) and hands each to a new
+    ``IncomingConnection`` made by ``factory``."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        factory: Callable[[], IncomingConnection],
+    ) -> None:
+        self._loop = loop
+        self._sock = sock
+        self._factory = factory
+        #: Connections accepted but not yet authenticated, oldest first (a dict keeps order).
+        self._pending: dict[IncomingConnection, None] = {}
+        self._retry_delay = ACCEPT_RETRY_FIRST_S
+        self._failures = 0
+        self._evicted = 0
+        self.closed = False
+        sock.setblocking(False)
+
+    def start(self) -> None:
+        """(loop thread) Start accepting."""
+        self._loop.add_reader(self._sock.fileno(), self._accept_ready)
+
+    def close(self) -> None:
+        """(loop thread) Stop accepting and close the listening socket."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._loop.remove_reader(self._sock.fileno())
+        except (ValueError, OSError):
+            pass
+        self._sock.close()
+
+    def _accept_ready(self) -> None:
+        for accepted in range(ACCEPT_BATCH):
+            try:
+                conn_sock, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                if self._failures:  # the backlog is drained: the episode is over
+                    logger.warning("accepting connections again (after %d failed attempts)", self._failures)
+                    self._failures, self._retry_delay = 0, ACCEPT_RETRY_FIRST_S
+                return
+            except OSError as e:
+                if e.errno in _TRANSIENT:
+                    self._pause(e, progressed=accepted > 0)
+                else:  # e.g. ECONNABORTED: that one connection is gone, the listener is fine
+                    logger.warning("accepting a connection failed: %s", e)
+                return
+            conn_sock.setblocking(False)
+            self._adopt(conn_sock)
+
+    def _pause(self, error: OSError, progressed: bool) -> None:
+        """Stop accepting for a while; the longer nothing could be accepted, the longer."""
+        if not self._failures:
+            logger.warning("cannot accept connections: %s; retrying with backoff (logged once)", error)
+        self._failures += 1
+        if progressed:  # descriptors do come free (closed connections): look again soon
+            self._retry_delay = ACCEPT_RETRY_FIRST_S
+        self._loop.remove_reader(self._sock.fileno())
+        self._loop.call_later(self._retry_delay, self._resume)
+        self._retry_delay = min(2 * self._retry_delay, ACCEPT_RETRY_MAX_S)
+
+    def _resume(self) -> None:
+        if not self.closed:
+            self._loop.add_reader(self._sock.fileno(), self._accept_ready)
+
+    def _adopt(self, conn_sock: socket.socket) -> None:
+        conn = self._factory()
+        self._pending[conn] = None
+        if len(self._pending) > MAX_PENDING_HANDSHAKES:
+            self._evict()
+        self._loop.create_task(self._connect(conn, conn_sock))
+
+    async def _connect(self, conn: IncomingConnection, conn_sock: socket.socket) -> None:
+        try:
+            await self._loop.connect_accepted_socket(lambda: conn, conn_sock)
+        except OSError as e:
+            conn_sock.close()
+            conn.abort(e)
+
+    def _evict(self) -> None:
+        """Forget connections that authenticated or closed; drop the oldest still waiting."""
+        for conn in [c for c in self._pending if c.authenticated or c.closed]:
+            del self._pending[conn]
+        while len(self._pending) > MAX_PENDING_HANDSHAKES:
+            oldest = next(iter(self._pending))
+            del self._pending[oldest]
+            if not self._evicted:
+                logger.warning(
+                    "more than %d connections are waiting for the handshake; dropping the oldest "
+                    "(logged once)",
+                    MAX_PENDING_HANDSHAKES,
+                )
+            self._evicted += 1
+            oldest.abort(
+                auth.HandshakeError("dropped: too many connections waiting for the handshake"), log=False
+            )

@@ -1,0 +1,130 @@
+"""Helpers for the fault tests: raw connections to a monarch process, its log, its memory."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import hmac
+import os
+import socket
+import struct
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+import msgpack
+import psutil
+
+from monarch.actor import Actor, endpoint, this_host
+
+# Workers do not have this folder on their path: the actors below travel by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+CHALLENGE_BYTES = 4 + 1 + 32
+
+
+class Probe(Actor):
+    """Tells where its process is; ``ping`` answers what it is sent."""
+
+    @endpoint
+    async def where(self) -> tuple[int, str]:
+        from monarch._src.actor.proc import runtime
+
+        return os.getpid(), runtime().address
+
+    @endpoint
+    async def ping(self, x: object) -> object:
+        return x
+
+    @endpoint
+    async def length(self, data: bytes | str) -> int:
+        return len(data)
+
+    @endpoint
+    async def note(self, line: str) -> None:
+        """Write ``line`` to this process's framework log (which opens its file)."""
+        import logging
+
+        logging.getLogger("monarch.faults").warning("%s", line)
+
+
+class Relay(Probe):
+    """Calls another mesh from its own process."""
+
+    @endpoint
+    async def forward(self, target: Any, x: object) -> object:
+        return await target.ping.call_one(x)
+
+
+@contextlib.contextmanager
+def probe_worker(env: dict[str, str] | None = None) -> Iterator[tuple[Any, int, str]]:
+    """A 1-process mesh running a ``Probe``: yields (probe, its pid, its address); stopped after."""
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, env=env)
+    try:
+        probe = pm.spawn("probe", Probe)
+        pid, address = probe.where.call_one().get(timeout=30)
+        yield probe, pid, address
+    finally:
+        pm.stop().get(timeout=10)
+
+
+def socket_path(address: str) -> str:
+    assert address.startswith("unix:")
+    return address[len("unix:") :]
+
+
+def authenticated_connection(address: str, timeout: float = 30.0) -> socket.socket:
+    """A connection that passed the handshake with this job's secret (the client's)."""
+    from monarch._src.actor.proc import runtime
+
+    secret = runtime().secret
+    deadline = time.monotonic() + timeout
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect(socket_path(address))
+            break
+        except BlockingIOError:  # the listen backlog is full for now
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+    with s.makefile("rb") as incoming:  # the server sends nothing after its proof
+        challenge = incoming.read(CHALLENGE_BYTES)
+        nonce_s, nonce_c = challenge[5:], os.urandom(32)
+        s.sendall(nonce_c + hmac.digest(secret, b"C" + nonce_s + nonce_c, hashlib.sha256))
+        if len(incoming.read(32)) != 32:  # the server's proof: we are in
+            raise ConnectionError(f"{address} did not accept the handshake")
+    return s
+
+
+def frame_head(header: dict) -> bytes:
+    """Prefix and header of a frame (its bodies, of the lengths in header["b"], follow)."""
+    head = msgpack.packb(header, use_bin_type=True)
+    return struct.pack("<I", len(head)) + head
+
+
+def unsent_bytes(sock: socket.socket) -> int:
+    """Bytes written on ``sock`` that the peer has not read yet (SIOCOUTQ)."""
+    import fcntl
+    import termios
+
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+
+
+def rss(pid: int) -> int:
+    return psutil.Process(pid).memory_info().rss
+
+
+def worker_log(pid: int) -> str:
+    """The framework log of worker ``pid`` (this job's log directory)."""
+    from monarch._src.runtime import framework_log
+
+    files = glob.glob(os.path.join(framework_log.log_dir(), f"*-{pid}.log"))
+    if not files:
+        return ""
+    with open(files[0]) as f:
+        return f.read()
