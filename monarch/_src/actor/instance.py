@@ -243,7 +243,7 @@ class ActorInstance:
         if unrun:
             from monarch._src.actor.supervision import actor_stopped
 
-            actor_stopped(self, f"The actor {self} stopped before it ran {_count_endpoints(unrun)}.")
+            actor_stopped(self, _unrun_report(str(self), unrun))
 
     # -- runners ----------------------------------------------------------------------------
 
@@ -613,9 +613,7 @@ class ActorInstance:
             _forget(self)
             this_proc_state.unregister_actor(self.key)
             unrun = self._unrun + self._reject_queued()
-            actor_stopped(
-                self, f"The actor {self} stopped before it ran {_count_endpoints(unrun)}." if unrun else None
-            )
+            actor_stopped(self, _unrun_report(str(self), unrun) if unrun else None)
         spec = header.pop("p", None) if header else None  # None: stop_overdue answered already
         if spec:
             assert header is not None  # spec came from it
@@ -626,10 +624,10 @@ class ActorInstance:
             done()
 
 
-def _count_endpoints(names: list[str]) -> str:
-    """``["f", "f", "g"]`` -> ``"2 broadcast(s): f() x2, g() x1"``."""
-    counts = collections.Counter(names)
-    return f"{len(names)} broadcast(s): " + ", ".join(f"{n}() x{c}" for n, c in counts.items())
+def _unrun_report(actor: str, endpoints: list[str]) -> str:
+    """What the owner is told of broadcasts an actor never ran: "... 3 broadcast(s): f() x2, g() x1"."""
+    counts = ", ".join(f"{n}() x{c}" for n, c in collections.Counter(endpoints).items())
+    return f"The actor {actor} stopped before it ran {len(endpoints)} broadcast(s): {counts}."
 
 
 def _cleanup_timeout() -> float:
@@ -750,13 +748,7 @@ def _reject(header: dict, why: str) -> None:
         sys.stderr.write(f"monarch: a broadcast of endpoint {header['e']}() was not run: {what}\n")
         return
     owner, name, rank, description, _ = gone
-    report_stopped(
-        owner,
-        header["d"],
-        name,
-        rank,
-        f"The actor {description} stopped before it ran 1 broadcast(s): {header['e']}() x1.",
-    )
+    report_stopped(owner, header["d"], name, rank, _unrun_report(description, [header["e"]]))
 
 
 def _expire_early(key: str) -> None:
