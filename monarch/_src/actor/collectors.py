@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future
 from monarch._src.actor.port import PortHandler
 from monarch._src.mesh.shape import Shape
@@ -70,13 +71,20 @@ class GatherCollector(PortHandler):
         self.stop_expecting()
 
 
-class AllDoneCollector(PortHandler):
-    """Resolves with None once ``count`` replies arrived or their senders died (stop requests:
-    a process that is gone has stopped its actors too)."""
+class StopCollector(PortHandler):
+    """One acknowledgement per rank of a stop; a process that is gone has stopped its actors too.
 
-    def __init__(self, count: int) -> None:
+    A rank that could not stop in time answers with an exception saying what it is still
+    running; the Future then fails with every such rank listed. Should a rank not answer at
+    all (its process wedged), the Future fails ``grace_s`` after the bound, naming it.
+    """
+
+    def __init__(self, count: int, mesh_name: str, timeout: float) -> None:
         self.future: Future[None] = Future._new()
-        self._left = count
+        self._mesh_name = mesh_name
+        self._timeout = timeout
+        self._pending = set(range(count))
+        self._problems: dict[int, str] = {}
         self._lock = threading.Lock()
         self.open()
         if count == 0:
@@ -85,16 +93,48 @@ class AllDoneCollector(PortHandler):
 
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
         with self._lock:
-            self._left -= 1
-            done = self._left == 0
+            if rank not in self._pending:
+                return
+            self._pending.discard(rank)
+            if is_exception:
+                self._problems[rank] = str(value)  # type: ignore[index]
+            done = not self._pending
         if done:
-            self.close()
-            self.stop_expecting()
-            self.future._set_result(None)
+            self._finish()
 
     def fail(self, exc: BaseException) -> None:
+        """A process went away: its ranks are stopped; the others still answer."""
+        with self._lock:
+            self._pending.clear()
+        self._finish()
+
+    def overdue(self) -> None:
+        """Past the bound and its grace: the ranks that never answered are reported too."""
+        with self._lock:
+            if not self._pending:
+                return
+            for rank in self._pending:
+                self._problems[rank] = "it did not answer the stop (its process may be unresponsive)"
+            self._pending.clear()
+        self._finish()
+
+    def _finish(self) -> None:
         self.close()
-        self.future._set_result(None)
+        self.stop_expecting()
+        if not self._problems:
+            self.future._set_result(None)
+            return
+        ranks = sorted(self._problems)
+        details = "\n".join(f"  rank {r}: {self._problems[r]}" for r in ranks)
+        self.future._set_exception(
+            SupervisionError(
+                f"ActorMesh.stop() of {self._mesh_name}: ranks {ranks} did not stop within "
+                f"{self._timeout:g} s:\n{details}\n"
+                "The mesh is marked stopped here (calls to it fail); those actors stop once "
+                "what they run returns.\nHINT: make the endpoint return (wait with a timeout, "
+                "or use @concurrent_endpoint), or raise MONARCH_ACTOR_STOP_TIMEOUT_S."
+            )
+        )
 
 
 class StreamCollector(PortHandler):

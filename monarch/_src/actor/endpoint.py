@@ -7,13 +7,15 @@ The decorator only marks a method and records its options; ``ActorEndpoint`` is 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from monarch._src.actor.collectors import GatherCollector, OnceCollector, StreamCollector
+from monarch._src.actor.context import current_instance
 from monarch._src.actor.coroutines import is_coroutine_function
 from monarch._src.actor.errors import SupervisionError
-from monarch._src.actor.future import Future
+from monarch._src.actor.future import Future, forbid_blocking
 from monarch._src.actor.port import Port, PortHandler
 from monarch._src.actor.proc import runtime
 from monarch._src.wire import payload
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     import inspect
 
     from monarch._src.actor.actor_mesh import ActorMesh
+    from monarch._src.actor.instance import ActorInstance
 
 R = TypeVar("R")
 Selection = Literal["all", "choose"]
@@ -204,13 +207,33 @@ class ActorEndpoint(Generic[R]):
         collector.label = f"{self._mesh._mesh_name}.{self._name}"
         try:
             self._mesh._check_usable(self._name)
-            self._send(args, kwargs, selection=selection, reply=collector)
+            sent_to = self._send(args, kwargs, selection=selection, reply=collector)
+            inst = current_instance.get()
+            if inst is not None and inst.key == self._mesh._key:
+                self._guard_self_call(inst, collector, sent_to)
         except SupervisionError as e:
             collector.fail(e)
         except BaseException:
             collector.stop_expecting()
             collector.close()
             raise
+
+    def _guard_self_call(self, inst: ActorInstance, collector: PortHandler, sent_to: list[str]) -> None:
+        """A sync actor calling its own endpoint: waiting for the reply inside the endpoint
+        running now would deadlock (one message at a time), so that ``get()`` raises instead."""
+        ident = threading.get_ident()
+        if inst.thread_ident != ident or runtime().address not in sent_to:
+            return
+        why = (
+            f"Future.get() would deadlock: actor {inst.name} waits, inside endpoint "
+            f"{inst.running_endpoint}(), for the reply of its own endpoint {self._name}(), which it can "
+            "only run after the running one returns (an actor handles one message at a time).\n"
+            f"HINT: call the method directly (self.{self._name}(...)), or make the actor async and "
+            f"{self._name} a @concurrent_endpoint."
+        )
+        futures = getattr(collector, "futures", None) or [collector.future]  # type: ignore[attr-defined]
+        for f in futures:
+            forbid_blocking(f, ident, why)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         n = len(self._mesh)

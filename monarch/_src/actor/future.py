@@ -13,6 +13,7 @@ import math
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -47,6 +48,16 @@ _sync_actor_thread = threading.local()
 def mark_sync_actor_thread() -> None:
     """Sync endpoints run on their own thread: blocking there is legal and silent."""
     _sync_actor_thread.value = True
+
+
+#: Futures that the named thread must never block on (a sync actor's call to itself) -> (thread
+#: ident, why). Weak: it costs nothing once the future is gone, and nothing when empty.
+_self_calls: weakref.WeakKeyDictionary[Future[Any], tuple[int, str]] = weakref.WeakKeyDictionary()
+
+
+def forbid_blocking(future: Future[Any], thread_ident: int, why: str) -> None:
+    """``future.get()`` on that thread raises ``RuntimeError(why)`` instead of deadlocking."""
+    _self_calls[future] = (thread_ident, why)
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -181,6 +192,10 @@ class Future(Generic[R]):
                 "blocking would deadlock (e.g. inside an async endpoint).\n"
                 "HINT: use `await fut` instead of `fut.get()` in async code."
             )
+        if _self_calls:
+            guard = _self_calls.get(self)
+            if guard is not None and guard[0] == ident and self._state != _DONE:
+                raise RuntimeError(guard[1])
         self._warn_if_in_loop()
         with self._lock:
             if self._state != _DONE:

@@ -13,7 +13,9 @@ import collections
 import logging
 import os
 import queue
+import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +103,15 @@ class ActorInstance:
         self._deque: collections.deque[Any] = collections.deque()
         self._wakeup: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: The endpoint being run and since when (``time.monotonic``), for stop reports.
+        self._running: str | None = None
+        self._running_since = 0.0
+        #: Set by a process stop: messages still queued are not run (see ``stop_now``).
+        self._stop_now = False
+        #: Broadcasts that were never run because the actor stopped, reported to the owner.
+        self._unrun: list[str] = []
+        #: The sync actor's own thread, where a blocking ``get()`` of a call to itself deadlocks.
+        self.thread_ident: int | None = None
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -144,6 +155,11 @@ class ActorInstance:
     def __repr__(self) -> str:
         return str(self)
 
+    @property
+    def running_endpoint(self) -> str | None:
+        """The endpoint this actor is running now, if any."""
+        return self._running
+
     def as_creator(self) -> CreatorInstance:
         return CreatorInstance("root" if self.is_root else self.name, self.actor_id, str(self))
 
@@ -163,14 +179,25 @@ class ActorInstance:
             rt = runtime()
             rt.loop_thread.call_soon(self._start_task)
         else:
-            threading.Thread(target=self._thread_main, name=f"monarch-actor-{self.name}", daemon=True).start()
+            thread = threading.Thread(
+                target=self._thread_main, name=f"monarch-actor-{self.name}", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError as e:  # e.g. the process's thread or memory limit is reached
+                self._failed(
+                    f"its thread could not be started ({e}), so it never ran.\n"
+                    "HINT: the process may be at its thread limit (ulimit -u, the cgroup's pids.max) "
+                    "or out of memory for another thread stack."
+                )
+                self._stopped(None)
 
     def put(self, item: tuple) -> None:
         q = self._queue
         if q is not None:
             q.put(item)
             if self.stopped:  # raced with the stop: nobody will take it from the queue
-                self._reject_queued()
+                self._report_unrun(self._reject_queued())
             return
         rt = runtime()
         if rt.on_loop_thread():
@@ -181,31 +208,48 @@ class ActorInstance:
     def _put_on_loop(self, item: tuple) -> None:
         self._deque.append(item)
         if self.stopped:
-            self._reject_queued()
+            self._report_unrun(self._reject_queued())
             return
         w = self._wakeup
         if w is not None and not w.done():
             w.set_result(None)
 
-    def _reject_queued(self) -> None:
-        """Answer what is left in the mailbox of a stopped actor, so no caller waits forever."""
+    def _reject_queued(self) -> list[str]:
+        """Answer what is left in the mailbox of a stopped actor, so no caller waits forever;
+        returns the endpoints of the broadcasts that will never run (nobody waits for those)."""
+        unrun: list[str] = []
         while True:
             try:
                 kind, header, _ = (
                     self._queue.get_nowait() if self._queue is not None else self._deque.popleft()
                 )
             except (queue.Empty, IndexError):
-                return
-            spec = header.get("p") if isinstance(header, dict) else None
-            if kind == _MESSAGE and spec:
-                Port(spec[0], spec[1], header.get("r")).exception(self._unavailable_error(header["e"]))
+                return unrun
+            if kind == _MESSAGE:
+                self._not_run(header, unrun)
             elif kind == _STOP:
                 self._stopped(header)
+
+    def _not_run(self, header: dict, unrun: list[str]) -> None:
+        """A message this actor will never run: a call fails its caller, a broadcast is listed."""
+        spec = header.get("p")
+        if spec:
+            Port(spec[0], spec[1], header.get("r")).exception(self._unavailable_error(header["e"]))
+        else:
+            unrun.append(header["e"])
+
+    def _report_unrun(self, unrun: list[str]) -> None:
+        """Tell the owner about broadcasts that reached this actor after it stopped."""
+        if unrun:
+            from monarch._src.actor.supervision import actor_stopped
+
+            actor_stopped(self, _unrun_report(str(self), unrun))
 
     # -- runners ----------------------------------------------------------------------------
 
     def _thread_main(self) -> None:
         mark_sync_actor_thread()
+        self.thread_ident = threading.get_ident()
         current_instance.set(self)
         q = self._queue
         assert q is not None
@@ -216,7 +260,12 @@ class ActorInstance:
                 flush_corked()  # replies corked in a burst go out before this thread sleeps
                 kind, header, bodies = q.get()
             if kind == _MESSAGE:
+                if self._stop_now:
+                    self._not_run(header, self._unrun)
+                    continue
+                self._running, self._running_since = header["e"], time.monotonic()
                 self._handle_sync(header, bodies)
+                self._running = None
             elif kind == _INIT:
                 self._construct(bodies)
             elif kind == _SUPERVISE:
@@ -248,7 +297,12 @@ class ActorInstance:
                 await self._wakeup
             kind, header, bodies = dq.popleft()
             if kind == _MESSAGE:
+                if self._stop_now:
+                    self._not_run(header, self._unrun)
+                    continue
+                self._running, self._running_since = header["e"], time.monotonic()
                 await self._handle_async(header, bodies)
+                self._running = None
             elif kind == _INIT:
                 self._construct(bodies)
             elif kind == _SUPERVISE:
@@ -303,6 +357,11 @@ class ActorInstance:
         except Exception as e:
             if reply is not None:
                 self._reply_error(reply, name, e)
+            else:  # a broadcast: nobody waits for it, so its owner must hear that it never ran
+                _drop_runtime_frames(e)
+                self._failed(
+                    f"a broadcast of endpoint {name} could not be run:\n{format_remote_exception(e)}"
+                )
             return None, None, None, None, False
         if explicit:
             args = (reply if reply is not None else DROPPING_PORT, *args)
@@ -473,12 +532,49 @@ class ActorInstance:
                 futures.append(stop_actors(key, addresses, name))
         return futures
 
+    def stop_now(self, done: Callable[[], None]) -> None:
+        """Stop as soon as the running endpoint returns: what is still queued is not run
+        (callers get an error, the owner hears of broadcasts); ``done`` once stopped."""
+        self._stop_now = True
+        self.put((_STOP, {"done": done}, None))
+
+    def activity(self) -> str:
+        """What keeps this actor from stopping, for stop reports (asked while a stop is queued,
+        which is not counted among the messages queued)."""
+        running = self._running
+        queued = (self._queue.qsize() if self._queue is not None else len(self._deque)) - 1
+        if running is not None:
+            what = (
+                f"is still running endpoint {running}() (for {time.monotonic() - self._running_since:.1f} s)"
+            )
+        elif self.actor is None and self.failure is None:
+            what = "is still running __init__"
+        else:
+            what = "is still stopping (its owned meshes or __cleanup__)"
+        behind = f", with {queued} message(s) queued behind it" if queued > 0 else ""
+        return f"The actor {self} {what}{behind}"
+
+    def stop_overdue(self, header: dict, timeout: float) -> None:
+        """The stop in ``header`` was not done within ``timeout``: tell its sender why, now."""
+        spec = header.pop("p", None)  # whoever pops it answers the stop: this, or _stopped
+        if not spec:
+            return
+        port: Port[None] = Port(spec[0], spec[1], header.get("r"))
+        if self.stopped:  # it stopped just now, before _stopped got to the answer
+            port.send(None)
+            return
+        port.exception(
+            SupervisionError(
+                f"{self.activity()}; it did not stop within {timeout:g} s and stops once that returns."
+            )
+        )
+
     def _stop_sync(self, header: dict | None) -> None:
         for f in self._stop_owned_meshes():
             try:
-                f.get(timeout=CLEANUP_TIMEOUT_S)
-            except TimeoutError:
-                pass
+                f.get(timeout=_cleanup_timeout())
+            except Exception as e:  # the owned mesh is marked stopped here either way
+                logger.warning("stopping a mesh owned by %s: %s", self, e)
         cleanup = getattr(self.actor, "__cleanup__", None)
         if cleanup is not None:
             try:
@@ -496,7 +592,11 @@ class ActorInstance:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         owned = self._stop_owned_meshes()
         if owned:
-            await asyncio.wait([asyncio.ensure_future(_await(f)) for f in owned], timeout=CLEANUP_TIMEOUT_S)
+            stops = [asyncio.ensure_future(_await(f)) for f in owned]
+            finished, _ = await asyncio.wait(stops, timeout=_cleanup_timeout())
+            for t in finished:
+                if t.exception() is not None:  # the owned mesh is marked stopped here either way
+                    logger.warning("stopping a mesh owned by %s: %s", self, t.exception())
         cleanup = getattr(self.actor, "__cleanup__", None)
         if cleanup is not None:
             try:
@@ -510,11 +610,11 @@ class ActorInstance:
 
         if not self.stopped:
             self.stopped = True
-            _forget(self.key)
+            _forget(self)
             this_proc_state.unregister_actor(self.key)
-            actor_stopped(self)
-            self._reject_queued()
-        spec = header.get("p") if header else None
+            unrun = self._unrun + self._reject_queued()
+            actor_stopped(self, _unrun_report(str(self), unrun) if unrun else None)
+        spec = header.pop("p", None) if header else None  # None: stop_overdue answered already
         if spec:
             assert header is not None  # spec came from it
             ack: Port[None] = Port(spec[0], spec[1], header.get("r"))  # the stop is acknowledged, no value
@@ -522,6 +622,18 @@ class ActorInstance:
         done = header.get("done") if header else None
         if done is not None:
             done()
+
+
+def _unrun_report(actor: str, endpoints: list[str]) -> str:
+    """What the owner is told of broadcasts an actor never ran: "... 3 broadcast(s): f() x2, g() x1"."""
+    counts = ", ".join(f"{n}() x{c}" for n, c in collections.Counter(endpoints).items())
+    return f"The actor {actor} stopped before it ran {len(endpoints)} broadcast(s): {counts}."
+
+
+def _cleanup_timeout() -> float:
+    from monarch._src.runtime.config import CONFIG
+
+    return CONFIG.cleanup_timeout_s
 
 
 def _run_on_loop(awaitable: Any) -> Any:
@@ -589,8 +701,9 @@ on_demand_actors: dict[str, Callable[[], None]] = {}
 EARLY_MESSAGE_TIMEOUT_S = 30.0
 _early: dict[str, list[tuple[dict, list]]] = {}
 _early_lock = threading.Lock()
-#: Keys of actors stopped here (bounded), so that late messages fail at once.
-_gone: collections.OrderedDict[str, None] = collections.OrderedDict()
+#: Actors stopped here (bounded), by key, so that late messages fail at once and the owner
+#: hears of late broadcasts: key -> (owner, name, rank, description, why it is gone).
+_gone: collections.OrderedDict[str, tuple[Any, str, int, str, str]] = collections.OrderedDict()
 
 
 def handle_message(header: dict, bodies: list) -> None:
@@ -611,19 +724,31 @@ def handle_message(header: dict, bodies: list) -> None:
                 held.append((header, bodies))
                 return
         if inst is None:
-            _reject(header, "it was stopped")
+            gone = _gone.get(key)
+            _reject(header, gone[4] if gone is not None else "it was stopped")
             return
     inst.put((_MESSAGE, header, bodies))
 
 
 def _reject(header: dict, why: str) -> None:
+    """A message for an actor that is not here: the caller gets the error; for a broadcast,
+    the owner of the stopped actor is told (one that never arrived has nobody to tell but the log)."""
     spec = header.get("p")
+    what = f"no actor {header['d']} in process {os.getpid()} ({why})"
     if spec:
         Port(spec[0], spec[1], header.get("r")).exception(
-            SupervisionError(
-                f"Endpoint call {header['e']}() failed, no actor {header['d']} in process {os.getpid()} ({why})"
-            )
+            SupervisionError(f"Endpoint call {header['e']}() failed, {what}")
         )
+        return
+    from monarch._src.actor.supervision import report_stopped
+
+    gone = _gone.get(header["d"])
+    if gone is None:
+        logger.error("a broadcast of endpoint %s() was not run: %s", header["e"], what)
+        sys.stderr.write(f"monarch: a broadcast of endpoint {header['e']}() was not run: {what}\n")
+        return
+    owner, name, rank, description, _ = gone
+    report_stopped(owner, header["d"], name, rank, _unrun_report(description, [header["e"]]))
 
 
 def _expire_early(key: str) -> None:
@@ -639,14 +764,16 @@ def _release_early(inst: ActorInstance) -> None:
         inst.put((_MESSAGE, header, bodies))
 
 
-def _forget(key: str) -> None:
+def _forget(inst: ActorInstance) -> None:
     with _early_lock:
-        _gone[key] = None
+        _gone[inst.key] = (inst.owner, inst.name, inst.rank.rank, str(inst), inst.failure or "it was stopped")
         while len(_gone) > 4096:
             _gone.popitem(last=False)
 
 
 def handle_stop_actor(header: dict, bodies: list) -> None:
+    """Stop after the messages queued before this; past the sender's bound ("t" seconds) the
+    sender is told what the actor is still running instead of waiting for it (runs on the loop)."""
     inst = this_proc_state.lookup(header["d"])
     if inst is None:
         spec = header.get("p")
@@ -654,15 +781,16 @@ def handle_stop_actor(header: dict, bodies: list) -> None:
             ack: Port[None] = Port(spec[0], spec[1], header.get("r"))  # the stop is acknowledged, no value
             ack.send(None)
         return
+    timeout = header.get("t")
+    if timeout is not None and header.get("p"):
+        runtime().loop.call_later(timeout, inst.stop_overdue, header, timeout)
     inst.put((_STOP, header, bodies))
 
 
-#: Seconds a stopping process gives its actors' ``__cleanup__`` before it exits anyway.
-CLEANUP_TIMEOUT_S = 3.0
-
-
 def handle_stop_proc(header: dict, bodies: list) -> None:
-    """Stop every actor of this process (each reports itself stopped), then exit."""
+    """Stop every actor of this process at once (queued messages are not run; each actor
+    reports itself stopped), then exit; after ``cleanup_timeout_s`` exit anyway, telling each
+    owner whose ``__cleanup__`` did not run and why."""
     insts = this_proc_state.all_actors()
     if not insts:
         this_proc_state.request_process_exit()
@@ -677,10 +805,24 @@ def handle_stop_proc(header: dict, bodies: list) -> None:
         if last:
             this_proc_state.request_process_exit()
 
+    timeout = _cleanup_timeout()
+
+    def overdue() -> None:
+        from monarch._src.actor.supervision import actor_stopped
+
+        for inst in insts:
+            if not inst.stopped:
+                actor_stopped(
+                    inst,
+                    f"{inst.activity()} when its process stopped: its __cleanup__ did not run, "
+                    f"the process exited after waiting {timeout:g} s (MONARCH_CLEANUP_TIMEOUT_S).",
+                )
+        this_proc_state.request_process_exit()
+
     rt = runtime()
-    rt.loop_thread.call_soon(rt.loop.call_later, CLEANUP_TIMEOUT_S, this_proc_state.request_process_exit)
+    rt.loop_thread.call_soon(rt.loop.call_later, timeout, overdue)
     for inst in insts:
-        inst.put((_STOP, {"done": one_done}, None))
+        inst.stop_now(one_done)
 
 
 _root: ActorInstance | None = None

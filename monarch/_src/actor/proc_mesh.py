@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 from monarch._src.actor import supervision
 from monarch._src.actor.actor import Actor, validate_actor_class
 from monarch._src.actor.actor_mesh import ActorMesh
-from monarch._src.actor.collectors import AllDoneCollector
+from monarch._src.actor.collectors import StopCollector
 from monarch._src.actor.context import context
 from monarch._src.actor.coroutines import is_coroutine
 from monarch._src.actor.endpoint import endpoint
@@ -39,15 +39,26 @@ class ProcOwner(Protocol):
     def stopped(self) -> bool: ...
 
 
+#: How long after the stop bound a rank that never answered is given up on (its process is
+#: alive but its loop did not run the bound's timer).
+STOP_ANSWER_GRACE_S = 2.0
+
+
 def stop_actors(key: str, addresses: list[str], label: str = "mesh") -> Future[None]:
-    """Ask each process to stop its actor of mesh ``key``; resolves when all have (or are gone)."""
+    """Ask each process to stop its actor of mesh ``key``; resolves when all have (or are gone),
+    fails after ``actor_stop_timeout_s`` naming the ranks that have not."""
+    from monarch._src.runtime.config import CONFIG
+
     rt = runtime()
-    collector = AllDoneCollector(len(addresses))
+    timeout = CONFIG.actor_stop_timeout_s
+    collector = StopCollector(len(addresses), label, timeout)
     collector.label = f"{label}.stop"
     collector.expect_from(addresses)
     spec = [rt.address, collector.port_id]
     for i, address in enumerate(addresses):
-        rt.send(address, {"k": STOP_ACTOR_KIND, "d": key, "p": spec, "r": i}, [])
+        rt.send(address, {"k": STOP_ACTOR_KIND, "d": key, "p": spec, "r": i, "t": timeout}, [])
+    if addresses:
+        rt.loop_thread.call_soon(rt.loop.call_later, timeout + STOP_ANSWER_GRACE_S, collector.overdue)
     return collector.future
 
 

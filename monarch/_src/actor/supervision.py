@@ -196,22 +196,26 @@ def actor_failed(inst: ActorInstance, report: str) -> None:
     _notify_owner(inst, report, stopped=False)
 
 
-def actor_stopped(inst: ActorInstance) -> None:
-    _notify_owner(inst, "stopped", stopped=True)
+def actor_stopped(inst: ActorInstance, unfinished: str | None = None) -> None:
+    """Tell the owner that ``inst`` stopped; ``unfinished`` says what it stopped without doing
+    (broadcasts it never ran, a ``__cleanup__`` that did not run), for the owner to report."""
+    report_stopped(inst.owner, inst.key, inst.name, inst.rank.rank, unfinished)
+
+
+def report_stopped(owner: Any, mesh_key: str, name: str, rank: int, unfinished: str | None) -> None:
+    _notify(owner, mesh_key, name, rank, unfinished or "stopped", stopped=True)
 
 
 def _notify_owner(inst: ActorInstance, report: str, stopped: bool) -> None:
-    owner = inst.owner
+    _notify(inst.owner, inst.key, inst.name, inst.rank.rank, report, stopped)
+
+
+def _notify(owner: Any, mesh_key: str, name: str, rank: int, report: str, stopped: bool) -> None:
     if owner is None:
+        if report != "stopped":
+            sys.stderr.write(f"monarch: {report}\n")
         return
-    header = {
-        "k": SUPERVISION_KIND,
-        "d": owner[1],
-        "m": inst.key,
-        "n": inst.name,
-        "r": inst.rank.rank,
-        "t": report,
-    }
+    header = {"k": SUPERVISION_KIND, "d": owner[1], "m": mesh_key, "n": name, "r": rank, "t": report}
     if stopped:
         header["s"] = 1
     try:
@@ -228,6 +232,9 @@ def handle_supervision_frame(header: dict, bodies: list) -> None:
             owned = _owned.get(mesh_key)
             if owned is not None:
                 _rank_done(mesh_key, owned, rank)
+        if header["t"] != "stopped":  # it stopped without doing everything it was sent
+            logger.warning("%s", header["t"])
+            sys.stderr.write(f"monarch: {header['t']}\n")
         return
     _deliver(mesh_key, rank, header["t"], header.get("n"), header.get("d"))
 

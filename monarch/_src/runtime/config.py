@@ -35,6 +35,17 @@ class RuntimeConfig:
     peer_unreachable_s: float = field(
         default_factory=lambda: float(_int_env("MONARCH_PEER_UNREACHABLE_S", 120))
     )
+    #: Seconds ``ActorMesh.stop()`` waits for each actor to finish the endpoint it is running
+    #: (and the messages queued before the stop) and run ``__cleanup__``; past that the stop's
+    #: Future fails with a ``SupervisionError`` naming the ranks that did not stop and what each
+    #: is still running (they stop once it returns). Read in the process calling ``stop()``.
+    actor_stop_timeout_s: float = field(
+        default_factory=lambda: float(_int_env("MONARCH_ACTOR_STOP_TIMEOUT_S", 10))
+    )
+    #: Seconds a stopping process waits for the endpoint each actor is running to return, so that
+    #: its ``__cleanup__`` can run, before it exits anyway (and says whose cleanup did not run).
+    #: Monarch's ``cleanup_timeout`` (default 3 s). Read in each worker process.
+    cleanup_timeout_s: float = field(default_factory=lambda: float(_int_env("MONARCH_CLEANUP_TIMEOUT_S", 3)))
     #: How long shutdown waits for a worker to exit by itself before killing it.
     stop_timeout_s: float = 5.0
 
