@@ -5,9 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
-# compat mode: the editable install is a plain path entry, not setuptools' import-hook finder,
-# whose import (pathlib, re, ...) every Python process would pay, spawned workers included.
-.venv/bin/pip install -q -e ".[test]" --config-settings editable_mode=compat
+# The editable install is a plain path entry (pyproject's package-dir), not setuptools'
+# import-hook finder, whose import (pathlib, re, ...) every Python process would pay, spawned
+# workers included.
+.venv/bin/pip install -q -e ".[test]"
 if [ "${MONARCH_SKIP_TORCH:-0}" != "1" ]; then
   .venv/bin/pip install -q "torch==2.13.0"
 fi

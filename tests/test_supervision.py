@@ -1086,6 +1086,73 @@ def test_default_hook_interrupts_a_client_blocked_in_get() -> None:
     assert "fails while the client waits" in proc.stderr
 
 
+#: Counts the unhandled-failure reports the client writes to stderr, passing everything through.
+COUNT_REPORTS = """
+class CountReports:
+    def __init__(self, inner):
+        self.inner, self.reports = inner, 0
+    def write(self, text):
+        self.reports += text.count("Unhandled monarch error on the root actor")
+        return self.inner.write(text)
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+sys.stderr = CountReports(sys.stderr)
+"""
+
+
+def test_default_hook_interrupt_is_a_keyboard_interrupt_the_script_can_catch() -> None:
+    """The guide: the default hook "exits the process with a KeyboardInterrupt"; a script
+    catches it to shut down gracefully, and the second failure of the same incident does not
+    cut that cleanup short (only the first unhandled failure interrupts)."""
+    proc = run_script(
+        COUNT_REPORTS
+        + """
+pm = this_host().spawn_procs(per_host={"gpus": 3})
+healthy = pm.slice(gpus=0).spawn("healthy", Boom)
+doomed = pm.slice(gpus=slice(1, 3)).spawn("doomed", Boom)
+fut = healthy.slow.call_one()
+doomed.boom.broadcast("nobody handles this")
+try:
+    print(fut.get(timeout=25), flush=True)
+except KeyboardInterrupt as e:
+    print("CAUGHT", type(e).__name__, flush=True)
+    deadline = time.monotonic() + 15
+    while sys.stderr.reports < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("REPORTS", sys.stderr.reports, flush=True)
+    pm.stop().get(timeout=15)
+    print("CLEANUP-DONE", flush=True)
+"""
+    )
+    out, err = proc.stdout, proc.stderr
+    assert "CAUGHT UnhandledFaultInterrupt" in out, (out, err)
+    assert "slow done" not in out
+    assert "REPORTS 2" in out and "CLEANUP-DONE" in out, (out, err)
+    assert "ATEXIT-RAN" in out
+    # Catching the interrupt handled the failure: the script's own ending decides the status.
+    assert proc.returncode == 0, (out, err)
+    assert err.count("Unhandled monarch error on the root actor") == 2 and "nobody handles this" in err
+
+
+def test_uncaught_default_hook_interrupt_exits_1_not_by_sigint() -> None:
+    proc = run_script(
+        """
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        pm.spawn("doomed", Boom).boom.broadcast("nobody catches this")
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("STILL-RUNNING", flush=True)
+        """
+    )
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 1, (out, err)  # an uncaught Ctrl-C would die by SIGINT instead
+    assert "STILL-RUNNING" not in out and "ATEXIT-RAN" in out
+    assert "UnhandledFaultInterrupt: unhandled monarch failure of mesh doomed" in err, err
+    assert "catch KeyboardInterrupt to shut down gracefully" in err and "nobody catches this" in err
+
+
 def test_replaced_hook_called_once_per_fault_and_client_continues() -> None:
     proc = run_script(
         """

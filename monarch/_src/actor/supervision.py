@@ -4,7 +4,9 @@ Whoever calls ``spawn`` owns the new mesh (the client's root actor for top-level
 A failure (an exception nobody can receive, ``__init__`` raising, a ``BaseException``, the
 process dying) becomes a ``MeshFailure`` for the owner: its ``__supervise__`` may handle it
 (truthy return); otherwise the owner itself fails, and the failure moves one level up. At the
-root, ``monarch.actor.unhandled_fault_hook`` decides; by default the client exits with code 1.
+root, ``monarch.actor.unhandled_fault_hook`` decides; by default the client's main thread is
+interrupted with a ``KeyboardInterrupt`` (``UnhandledFaultInterrupt``): the script may catch it
+to shut down gracefully; uncaught, it ends the client with exit code 1 after atexit handlers ran.
 
 Process deaths are noticed by the spawner (exit status) or, in other processes, by the socket
 closing; each owning process turns them into failures of the meshes it owns on that process.
@@ -51,8 +53,24 @@ class MeshFailure:
 
 
 def unhandled_fault_hook(failure: MeshFailure) -> None:
-    """Default: a failure nobody handled ends the client (exit code 1, atexit handlers run)."""
+    """Called in the client with every failure no ``__supervise__`` handled.
+
+    Returning (any value) drops the failure; raising (any exception, ``SystemExit``
+    included) leaves it unhandled: the report goes to stderr and the main thread is
+    interrupted with a ``KeyboardInterrupt``, which ends the client with exit code 1 (atexit
+    handlers run) unless the script catches it. The default raises ``SystemExit(1)``. Replace
+    it with ``monarch.actor.unhandled_fault_hook = my_hook``.
+    """
     sys.exit(1)
+
+
+class UnhandledFaultInterrupt(KeyboardInterrupt):
+    """Raised in the client's main thread when a failure reached ``unhandled_fault_hook`` unhandled.
+
+    A ``KeyboardInterrupt``, so ``except KeyboardInterrupt:`` sees it, as Monarch's guide
+    promises. Not the exact type, so if nothing catches it the interpreter ends with the usual
+    traceback and exit code 1 instead of dying by SIGINT (what an uncaught Ctrl-C does).
+    """
 
 
 class _OwnedMesh:
@@ -313,7 +331,12 @@ def _is_root_process() -> bool:
 
 
 _hook_lock = threading.Lock()
-_fault_exit_pending = False
+#: The first unhandled failure interrupts the main thread; later ones are only reported, so
+#: that the failures of one incident (every rank of a mesh, every mesh of a dead process) do
+#: not interrupt the cleanup the script does after the first.
+_main_interrupted = False
+#: The SIGINT this module sent is on its way to the main thread (see ``install_sigint_wrapper``).
+_fault_interrupt_pending: MeshFailure | None = None
 
 
 def root_unhandled(failure: MeshFailure) -> None:
@@ -326,11 +349,11 @@ def root_unhandled(failure: MeshFailure) -> None:
             return
         except BaseException:  # noqa: B036 - raising (SystemExit included) means unhandled
             pass
-    _exit_client(failure)
+    _report_unhandled(failure)
+    _interrupt_main_thread(failure)
 
 
-def _exit_client(failure: MeshFailure) -> None:
-    global _fault_exit_pending
+def _report_unhandled(failure: MeshFailure) -> None:
     import datetime
     import socket
 
@@ -340,10 +363,26 @@ def _exit_client(failure: MeshFailure) -> None:
         f"PID={os.getpid()} at time {now}:\n{failure.report()}\n"
     )
     sys.stderr.flush()
-    _fault_exit_pending = True
-    if _sigint_wrapper_installed:
+
+
+def _interrupt_main_thread(failure: MeshFailure) -> None:
+    """Raise ``UnhandledFaultInterrupt`` in the main thread, once per process.
+
+    A real SIGINT wakes a main thread blocked in a system call (``Future.get``, ``sleep``),
+    which ``_thread.interrupt_main`` would not; the wrapper installed at client start turns
+    it into ``UnhandledFaultInterrupt``. Without the wrapper (the client started off the main
+    thread, or a notebook kernel swapped SIGINT handlers) whatever SIGINT handler Python has
+    runs: a plain ``KeyboardInterrupt`` under the default one.
+    """
+    global _main_interrupted, _fault_interrupt_pending
+    with _hook_lock:
+        if _main_interrupted:
+            return
+        _main_interrupted = True
+        _fault_interrupt_pending = failure
+    if callable(signal.getsignal(signal.SIGINT)):
         os.kill(os.getpid(), signal.SIGINT)
-    else:
+    else:  # SIG_DFL would kill the client before atexit; SIG_IGN: nothing can interrupt it
         import _thread
 
         _thread.interrupt_main()
@@ -353,7 +392,7 @@ _sigint_wrapper_installed = False
 
 
 def install_sigint_wrapper() -> None:
-    """Let an unhandled fault end the main thread with SystemExit(1) (exit code 1, atexit runs).
+    """Let an unhandled fault raise ``UnhandledFaultInterrupt`` in the main thread.
 
     Only the main thread can install a signal handler; the previous handler keeps serving
     every ordinary Ctrl-C.
@@ -364,10 +403,15 @@ def install_sigint_wrapper() -> None:
     previous = signal.getsignal(signal.SIGINT)
 
     def on_sigint(signum: int, frame: Any) -> Any:
-        global _fault_exit_pending
-        if _fault_exit_pending:
-            _fault_exit_pending = False
-            raise SystemExit(1)
+        global _fault_interrupt_pending
+        failure = _fault_interrupt_pending
+        if failure is not None:
+            _fault_interrupt_pending = None
+            raise UnhandledFaultInterrupt(
+                f"unhandled monarch failure of mesh {failure.mesh_name} (its report is above); "
+                "catch KeyboardInterrupt to shut down gracefully, or handle failures in "
+                "__supervise__ or monarch.actor.unhandled_fault_hook"
+            )
         if previous == signal.SIG_IGN:
             return None
         if callable(previous):

@@ -60,7 +60,7 @@ class HostMesh(MeshTrait):
         bootstrap: Callable[[], Any] | None = None,
         name: str | None = None,
         env: EnvSpec = None,
-        preload: Sequence[str] = (),
+        preload: Sequence[str] | None = None,
     ) -> ProcMesh:
         """Start one OS process per point of ``per_host`` on every host; returns at once.
 
@@ -73,6 +73,11 @@ class HostMesh(MeshTrait):
         """
         if self._shut_down:
             raise RuntimeError("HostMesh has already been shut down")
+        if isinstance(preload, str):
+            raise TypeError(
+                f"preload takes a list of module names, got the string {preload!r}\n"
+                f"HINT: preload=[{preload!r}]"
+            )
         per_host = dict(per_host or {})
         host_ext = self._host_shape.extent
         overlap = set(per_host) & set(host_ext.labels)
@@ -91,7 +96,7 @@ class HostMesh(MeshTrait):
                 envs.append(dict(env or {}))
         from monarch._src.host.spawner import ProcGroup  # subprocess is slow to import
 
-        group = ProcGroup(name, envs, gated=bootstrap is not None, preload=list(preload))
+        group = ProcGroup(name, envs, gated=bootstrap is not None, preload=list(preload or ()))
         mesh = ProcMesh(tuple(group.addresses), Shape.from_extent(extent), owner=_ProcMeshOwner(group))
         if bootstrap is not None:
             mesh._initialized = run_bootstrap(mesh, bootstrap)

@@ -166,8 +166,41 @@ class WorkerCommand:
         sys.argv = list(self.argv)
         if self.kind is EntryKind.MODULE:
             runpy.run_module(self.target, run_name="__main__", alter_sys=True)
+        elif self.kind is EntryKind.SCRIPT:
+            _run_script(self.target)
         else:
             runpy.run_path(self.target, run_name="__main__")
+
+
+def _run_script(target: str) -> None:
+    """Run a script file as ``python target`` does: in a new ``__main__``, ``__file__`` absolute.
+
+    A script that changes directory can still find the files next to ``__file__``, as under
+    torchrun. ``runpy.run_path`` is not used for plain files because it would also set
+    ``sys.argv[0]`` to the path it is given, where Python keeps it as typed. Directories and
+    zip files (which run their ``__main__.py``) still go through it.
+    """
+    import io
+    import pkgutil
+    import types
+
+    path = os.path.abspath(target)
+    if pkgutil.get_importer(path) is not None:
+        runpy.run_path(target, run_name="__main__")
+        return
+    with io.open_code(path) as f:
+        code = pkgutil.read_code(f)  # a compiled .pyc
+    if code is None:
+        with io.open_code(path) as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+    from importlib.machinery import SourceFileLoader
+
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None  # type: ignore[attr-defined]
+    main.__loader__ = SourceFileLoader("__main__", path)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
 
 
 def build_worker_command(

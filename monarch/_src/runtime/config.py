@@ -1,9 +1,19 @@
-"""Runtime settings read from the environment, overridable with ``monarch.config.configure``."""
+"""Runtime settings: one table, read from the environment, overridable with ``monarch.config``.
+
+Each field of ``RuntimeConfig`` is a setting. Its value comes from, lowest first: the default,
+its environment variable, and the overrides made with ``monarch.config.configure()`` (in this
+process, or in an ancestor before it spawned this process: see ``OVERRIDES_ENV``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from dataclasses import dataclass, field
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
 
 
 def _int_env(name: str, default: int) -> int:
@@ -22,7 +32,8 @@ class RuntimeConfig:
     max_frame_bytes: int = field(
         default_factory=lambda: _int_env(
             "MONARCH_MAX_FRAME_BYTES", _int_env("HYPERACTOR_CODEC_MAX_FRAME_LENGTH", 10 << 30)
-        )
+        ),
+        metadata={"monarch": "codec_max_frame_length"},
     )
     #: Bytes of shared-memory files each process keeps for reuse by large messages it sends
     #: to processes on its host (0 turns the reuse off; every large buffer gets a fresh file).
@@ -51,3 +62,182 @@ class RuntimeConfig:
 
 
 CONFIG = RuntimeConfig()
+
+
+# -- monarch.config: configure() and friends -----------------------------------------------------
+#
+# Every field of RuntimeConfig is a setting, under its own name and, where Monarch has one
+# for the same thing, under Monarch's name too (``metadata={"monarch": ...}``): a field added
+# above is configurable with nothing else to change.
+
+#: What ``configure`` set, in JSON, for processes spawned afterwards: they inherit the
+#: environment and apply it on start, so overrides follow the whole tree of processes.
+OVERRIDES_ENV = "MONARCH_CONFIG_OVERRIDES"
+
+_TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h|d)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+_lock = threading.RLock()
+#: The runtime layer: settings made with configure() here or inherited from the parent process.
+_overrides: dict[str, Any] = {}
+
+
+def _fields() -> dict[str, Field[Any]]:
+    return {f.name: f for f in fields(RuntimeConfig)}
+
+
+def _monarch_names() -> dict[str, str]:
+    return {f.metadata["monarch"]: f.name for f in fields(RuntimeConfig) if "monarch" in f.metadata}
+
+
+def _setting_name(key: str) -> str:
+    if key in _fields():
+        return key
+    name = _monarch_names().get(key)
+    if name is None:
+        known = ", ".join(sorted([*_fields(), *_monarch_names()]))
+        raise ValueError(f"unknown monarch config key {key!r}\nHINT: the settings are: {known}")
+    return name
+
+
+def _seconds(key: str, text: str) -> float:
+    """Parse a humantime duration, Monarch's format for timeouts: ``"30s"``, ``"1h 30m"``, ``"250ms"``."""
+    total, pos = 0.0, 0
+    while pos < len(text.rstrip()):
+        m = _DURATION.match(text, pos)
+        if m is None:
+            break
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    if pos == 0 or text[pos:].strip():
+        raise TypeError(
+            f"Invalid duration format for {key}: {text!r}\n"
+            "HINT: give seconds as a number, or a duration such as '30s', '5m', '1h 30m', '250ms'"
+        )
+    return total
+
+
+def _checked(key: str, f: Field[Any], value: Any) -> Any:
+    """``value`` as the type of setting ``f``, or a TypeError/ValueError saying what is accepted."""
+    expected = _TYPES.get(f.type) if isinstance(f.type, str) else f.type
+    if not isinstance(expected, type):
+        expected = type(getattr(CONFIG, f.name))
+    if expected is float and isinstance(value, str) and f.name.endswith("_s"):
+        value = _seconds(key, value)
+    numeric = expected in (int, float)
+    if isinstance(value, bool) and expected is not bool:
+        ok = False
+    elif expected is float:
+        ok = isinstance(value, (int, float))
+    else:
+        ok = isinstance(value, expected)
+    if not ok:
+        raise TypeError(
+            f"monarch config {key} takes {expected.__name__}, got {type(value).__name__} {value!r}"
+        )
+    if numeric and value < 0:
+        raise ValueError(f"monarch config {key} must be >= 0, got {value!r}")
+    return expected(value)
+
+
+def _apply(settings: dict[str, Any]) -> None:
+    """Check every setting first, then apply them all: a bad one changes nothing."""
+    known = _fields()
+    checked = {}
+    for key, value in settings.items():
+        name = _setting_name(key)
+        checked[name] = _checked(key, known[name], value)
+    with _lock:
+        for name, value in checked.items():
+            setattr(CONFIG, name, value)
+        _overrides.update(checked)
+        _publish()
+
+
+def _publish() -> None:
+    if _overrides:
+        import json
+
+        os.environ[OVERRIDES_ENV] = json.dumps(_overrides, sort_keys=True)
+    else:
+        os.environ.pop(OVERRIDES_ENV, None)
+
+
+def configure(**settings: Any) -> None:
+    """Set monarch settings for this process and every process it spawns afterwards.
+
+    Keys are the names ``get_global_config()`` lists (Monarch's names where monarch-aio has
+    the same setting, e.g. ``codec_max_frame_length``). Timeouts (settings ending in ``_s``)
+    take seconds or a duration string (``"30s"``, ``"1h 30m"``). A setting takes effect where it
+    is next read: the process's runtime reads its own when it starts (first spawn or call),
+    worker processes when they start. An unknown key raises ``ValueError``, a value of the
+    wrong type ``TypeError``; either way nothing is changed.
+    """
+    _apply(settings)
+
+
+def get_global_config() -> dict[str, Any]:
+    """Every setting with its value in effect: defaults, environment, then ``configure``.
+
+    Changing the returned dict changes nothing; use :func:`configure`.
+    """
+    with _lock:
+        values = {f.name: getattr(CONFIG, f.name) for f in fields(RuntimeConfig)}
+        values.update({alias: values[name] for alias, name in _monarch_names().items()})
+    return values
+
+
+def get_runtime_config() -> dict[str, Any]:
+    """Only what ``configure`` set (in this process, or inherited from the one that spawned it)."""
+    with _lock:
+        return dict(_overrides)
+
+
+def clear_runtime_config() -> None:
+    """Undo every ``configure``: settings return to their environment or default values."""
+    base = RuntimeConfig()
+    with _lock:
+        for name in _overrides:
+            setattr(CONFIG, name, getattr(base, name))
+        _overrides.clear()
+        _publish()
+
+
+@contextlib.contextmanager
+def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
+    """Apply ``overrides`` for the duration of a ``with`` block; yield ``get_global_config()``.
+
+    On exit the settings made with ``configure`` before the block are restored, even if the
+    block (or a bad override) raised. The change is process-wide: other threads see it too,
+    as do processes spawned inside the block.
+    """
+    previous = get_runtime_config()
+    try:
+        configure(**overrides)
+        yield get_global_config()
+    finally:
+        with _lock:
+            clear_runtime_config()
+            _apply(previous)
+
+
+def _inherit_overrides() -> None:
+    raw = os.environ.get(OVERRIDES_ENV)
+    if not raw:
+        return
+    import json
+
+    try:
+        settings = json.loads(raw)
+        if not isinstance(settings, dict):
+            raise ValueError("not a JSON object")
+        _apply(settings)
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            f"{OVERRIDES_ENV}={raw!r} is not valid: {e}\n"
+            "HINT: it is written by monarch.config.configure(); unset it"
+        ) from None
+
+
+_inherit_overrides()

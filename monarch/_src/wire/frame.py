@@ -36,9 +36,10 @@ class FrameTooLargeError(FrameError, ValueError):
     def __init__(self, length: int, limit: int, side: str) -> None:
         super().__init__(
             f"rejecting oversize frame: len={length} > max={limit} ({side} side)\n"
-            "HINT: send large data in smaller pieces, or raise the limit on both sides with "
-            "the MONARCH_MAX_FRAME_BYTES environment variable (or "
-            "monarch.config.configure(codec_max_frame_length=...))."
+            "HINT: send large data in smaller pieces, or raise the limit on both sides: "
+            "monarch.config.configure(codec_max_frame_length=N) in the client before it starts "
+            "(processes it spawns afterwards inherit it), or MONARCH_MAX_FRAME_BYTES=N in the "
+            "environment."
         )
         self.length = length
         self.limit = limit

@@ -3,15 +3,19 @@
 ``dumps`` returns ``[pickle_stream, buffer, buffer, ...]``; the buffers are views of the
 original objects' memory, never copies. Plain ``bytes`` and CPU torch tensors do not offer
 out-of-band buffers by themselves, so the pickler reduces large ones to a ``PickleBuffer``.
-Classes and functions defined in ``__main__`` or a notebook pickle by value (cloudpickle).
+Classes and functions defined in ``__main__`` or a notebook pickle by value (cloudpickle),
+their code with its real file name (and a notebook cell's source), so that tracebacks raised
+in other processes name the file or cell and show the line.
 """
 
 from __future__ import annotations
 
 import io
+import marshal
 import pickle
 import sys
 from collections.abc import Sequence
+from types import CodeType
 from typing import Any
 
 #: Buffers smaller than this stay inside the pickle stream: a separate write costs more.
@@ -81,6 +85,27 @@ def _lift_large_bytes(obj: Any, depth: int = 0) -> Any:
     return tuple(lifted) if t is tuple else lifted
 
 
+def _reduce_code(code: CodeType) -> Any:
+    """Ship a code object whole, ``co_filename`` included (cloudpickle would replace it with
+    ``<dynamic-code>``), plus the source of a notebook cell or other code that exists only in
+    this process's ``linecache`` (an entry without a modification time), so that a traceback
+    formatted where it runs can show its lines. Source files are read there from disk."""
+    filename = code.co_filename
+    linecache = sys.modules.get("linecache")  # nothing is registered before it is imported
+    entry = linecache.cache.get(filename) if linecache is not None else None
+    lines = entry[2] if entry is not None and len(entry) == 4 and entry[1] is None else None
+    return _load_code, (marshal.dumps(code), filename, lines)
+
+
+def _load_code(data: bytes, filename: str, lines: list[str] | None) -> CodeType:
+    if lines:
+        import linecache
+
+        if filename not in linecache.cache:
+            linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+    return marshal.loads(data)
+
+
 _pickler_class: Any = None
 
 
@@ -92,6 +117,8 @@ def _pickler() -> Any:
 
         class _Pickler(cloudpickle.Pickler):
             def reducer_override(self, obj: Any) -> Any:
+                if type(obj) is CodeType:
+                    return _reduce_code(obj)
                 if type(obj).__name__ == "Tensor" and "torch" in sys.modules:
                     return _reduce_torch_tensor(obj)
                 return super().reducer_override(obj)
