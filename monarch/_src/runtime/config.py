@@ -56,7 +56,10 @@ class RuntimeConfig:
     #: Seconds a stopping process waits for the endpoint each actor is running to return, so that
     #: its ``__cleanup__`` can run, before it exits anyway (and says whose cleanup did not run).
     #: Monarch's ``cleanup_timeout`` (default 3 s). Read in each worker process.
-    cleanup_timeout_s: float = field(default_factory=lambda: float(_int_env("MONARCH_CLEANUP_TIMEOUT_S", 3)))
+    cleanup_timeout_s: float = field(
+        default_factory=lambda: float(_int_env("MONARCH_CLEANUP_TIMEOUT_S", 3)),
+        metadata={"monarch": "cleanup_timeout"},
+    )
     #: How long shutdown waits for a worker to exit by itself before killing it.
     stop_timeout_s: float = 5.0
 
