@@ -1,6 +1,6 @@
 """Benchmark written only against the public Monarch actor API.
 
-Runs unchanged under monarch-aio (/work/main/.venv) and Meta's torchmonarch
+Runs unchanged under monarch-aio (the checkout's .venv) and Meta's torchmonarch
 (.venvs/torchmonarch): both import as `monarch`.
 
     python benchmarks/bench_monarch_api.py [--rounds 5] [--warmup 1] [--out FILE]

@@ -179,7 +179,7 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str]) -> dict
     # live under benchmarks/out/, never in the source tree.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = os.path.join(args.out_dir, "pycache")
-    # cwd outside the checkout: /work/main/monarch must not shadow torchmonarch's
+    # cwd outside the checkout: the checkout's monarch/ must not shadow torchmonarch's
     # `monarch` (worker procs are started with `python -c`, which puts cwd on sys.path).
     cwd = os.path.join(run_dir, "cwd")
     os.makedirs(cwd, exist_ok=True)

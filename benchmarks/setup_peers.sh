@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotently create the peer venvs used by benchmarks/run_all.py:
 #   .venvs/torchmonarch : Meta's torchmonarch 0.7.0 (also imports as `monarch`,
-#                         so it must never be installed into /work/main/.venv)
+#                         so it must never be installed into the checkout's .venv)
 #   .venvs/ray          : Ray (pinned) + numpy
 # Usage: bash benchmarks/setup_peers.sh [--force]
 set -euo pipefail

@@ -5,3 +5,6 @@ monarch.launch``. Importing this package imports nothing heavy.
 """
 
 __version__ = "0.1.0"
+
+# The API lives in the subpackages; ``from monarch import *`` must not import them.
+__all__: list[str] = []

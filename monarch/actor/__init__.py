@@ -73,12 +73,15 @@ __all__ = [
     "unhandled_fault_hook",
 ]
 
-# Pickles and tracebacks name the public path, not the private module.
+# Pickles, reprs and tracebacks name the public path: pickle finds a class or function by
+# ``__module__`` plus ``__qualname__``, so a name exported under another name (``Instance`` is
+# ``ActorInstance``) takes its public name too, or it would not pickle at all.
 for _name in __all__:
     _obj = globals()[_name]
     if isinstance(_obj, type) or callable(_obj):
         try:
             _obj.__module__ = __name__
+            _obj.__qualname__ = _obj.__name__ = _name
         except (AttributeError, TypeError):
             pass
 del _name, _obj

@@ -6,6 +6,7 @@ import sys
 
 
 def main() -> int:
+    """Run the launcher on ``sys.argv`` and return its exit status (the console script's entry)."""
     from monarch._src.launch.main import main as _main
 
     return _main()

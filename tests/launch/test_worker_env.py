@@ -1,7 +1,7 @@
 """Worker environment and worker command: torchrun 2.13's, value for value.
 
-The table tests restate section 2 of the torchrun spec
-(/work/shared/spec/torchrun_behaviour.md). The conformance test runs the real
+The table tests restate the worker environment torchrun 2.13 gives each rank (what
+torchrun's ``LocalElasticAgent`` sets). The conformance test runs the real
 ``torchrun`` on a script that dumps its environment and checks that
 :func:`worker_environ` reproduces every variable, given only the facts torchrun
 decides at run time (master port, run id, error-file path).

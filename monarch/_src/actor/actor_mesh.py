@@ -98,6 +98,8 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     @property
     def initialized(self) -> Future[None]:
+        """Resolves once the actors exist; already done, as messages sent before ``__init__`` ends wait in
+        the mailbox."""
         return Future._completed(None)
 
     def __reduce__(self) -> Any:

@@ -60,10 +60,13 @@ class Context:
 
     @property
     def actor_instance(self) -> ActorInstance:
+        """The instance running this code (the client's root instance outside any actor)."""
         return self._instance
 
     @property
     def message_rank(self) -> Point:
+        """This actor's position among the actors the current message was sent to; it differs from
+        ``actor_instance.rank`` when the sender called a slice of the mesh."""
         return self._message_rank
 
 
@@ -79,12 +82,16 @@ def context() -> Context:
 
 
 def current_rank() -> Point:
+    """The rank of the running actor for the current message; Monarch's shorthand for
+    ``context().message_rank``."""
     return context().message_rank
 
 
 def current_size() -> dict[str, int]:
+    """``{label: size}`` of the mesh the current message was sent to."""
     return dict(context().message_rank.extent)
 
 
 def current_actor_name() -> str:
+    """The running actor's ``actor_id``, e.g. to tag logs or files per actor."""
     return str(context().actor_instance.actor_id)

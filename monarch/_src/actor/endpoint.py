@@ -236,6 +236,8 @@ class ActorEndpoint(Generic[R]):
             forbid_blocking(f, ident, why)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call the endpoint on the mesh's single actor and get its reply; ``ValueError`` on a mesh
+        of more than one actor, which ``call`` or ``choose`` serve."""
         n = len(self._mesh)
         if n != 1:
             raise ValueError(f"call_one requires exactly 1 actor, but mesh has {n}")
@@ -244,26 +246,34 @@ class ActorEndpoint(Generic[R]):
         return collector.future
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call the endpoint on one actor of the mesh, picked at random to spread load, and get its reply."""
         collector = OnceCollector()
         self._collect(collector, args, kwargs, "choose")
         return collector.future
 
     def call(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Call the endpoint on every actor of the mesh; the Future gives a ``ValueMesh`` of the replies,
+        or raises the first ``ActorError``/``SupervisionError`` if any call fails."""
         mesh = self._mesh
         collector = GatherCollector(mesh._shape_renumbered(), len(mesh))
         self._collect(collector, args, kwargs)
         return collector.future
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
+        """Call the endpoint on every actor; yields one Future per actor, each the next reply to arrive,
+        to act on fast replies without waiting for slow ones."""
         collector = StreamCollector(len(self._mesh))
         self._collect(collector, args, kwargs)
         return iter(collector.futures)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Send the call to every actor and return at once, with no reply: an exception it raises
+        stops that actor and reaches its owner through supervision, as no caller waits to see it."""
         self._mesh._check_usable(self._name)
         self._send(args, kwargs)
 
     def rref(self, *args: Any, **kwargs: Any) -> Any:
+        """Monarch's tensor-engine call; always ``NotImplementedError`` here, as there is no tensor engine."""
         raise NotImplementedError("rref needs the tensor engine, which monarch-aio does not provide")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

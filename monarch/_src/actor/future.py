@@ -168,6 +168,7 @@ class Future(Generic[R]):
         cb(self)
 
     def done(self) -> bool:
+        """Whether the outcome is in, so that ``get()`` returns or raises without blocking."""
         return self._state == _DONE
 
     def _outcome(self) -> R:
@@ -233,9 +234,11 @@ class Future(Generic[R]):
         )
 
     def result(self, timeout: float | None = None) -> R:
+        """Same as ``get``: the name ``concurrent.futures`` users reach for."""
         return self.get(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait like ``get`` and return the exception the operation failed with, or None if it succeeded."""
         try:
             self.get(timeout)
         except TimeoutError:

@@ -117,10 +117,12 @@ class ActorInstance:
 
     @property
     def is_root(self) -> bool:
+        """True for the client's root instance, which sends from outside any actor."""
         return self.key == ROOT_KEY
 
     @property
     def class_name(self) -> str:
+        """Module-qualified name of the actor's class, for reprs, log prefixes and error reports."""
         cls = self._cls
         if cls is None:
             return "<root>" if self.is_root else "<unknown class>"
@@ -128,14 +130,17 @@ class ActorInstance:
 
     @property
     def actor_id(self) -> str:
+        """Unique name of this actor across the job: its process address, mesh key and rank."""
         return f"{runtime().address}/{self.key}[{self.rank.rank}]"
 
     @property
     def proc_id(self) -> str:
+        """Address of the process this actor runs in."""
         return runtime().address
 
     @property
     def proc_mesh(self) -> Any:
+        """A reference to the process mesh this actor was spawned on, to spawn siblings beside it."""
         from monarch._src.actor.proc_mesh import ProcMesh
 
         return ProcMesh._reference(
@@ -144,6 +149,7 @@ class ActorInstance:
 
     @property
     def proc(self) -> Any:
+        """The single-process slice of ``proc_mesh`` this actor runs in, to spawn actors next to it."""
         return self.proc_mesh.slice(**dict(self.rank))
 
     def __str__(self) -> str:
@@ -161,6 +167,7 @@ class ActorInstance:
         return self._running
 
     def as_creator(self) -> CreatorInstance:
+        """The picklable identity of this instance that its child actors keep as their creator."""
         return CreatorInstance("root" if self.is_root else self.name, self.actor_id, str(self))
 
     # -- mailbox ----------------------------------------------------------------------------
@@ -193,6 +200,7 @@ class ActorInstance:
                 self._stopped(None)
 
     def put(self, item: tuple) -> None:
+        """Queue a message, stop or supervision event in this actor's mailbox, run in arrival order."""
         q = self._queue
         if q is not None:
             q.put(item)

@@ -43,4 +43,5 @@ class Accumulator(Generic[R, A]):
         self._combine = combine
 
     def accumulate(self, *args: Any, **kwargs: Any) -> Future[A]:
+        """Call the endpoint on every actor and fold the replies, in arrival order, into one value."""
         return fold_stream(list(self._endpoint.stream(*args, **kwargs)), self._identity, self._combine)

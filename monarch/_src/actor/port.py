@@ -53,11 +53,13 @@ class PortHandler:
         """The process a reply was expected from is gone."""
 
     def open(self) -> int:
+        """Register this handler under a fresh port id, so that frames addressed to it reach it."""
         self.port_id = next(_port_ids)
         _handlers[self.port_id] = self
         return self.port_id
 
     def close(self) -> None:
+        """Unregister the port id: later frames to it are dropped as having no receiver."""
         _handlers.pop(self.port_id, None)
 
     def expect_from(self, addresses: Iterable[str]) -> None:
@@ -75,6 +77,7 @@ class PortHandler:
                     return
 
     def stop_expecting(self) -> None:
+        """Stop watching the processes given to ``expect_from`` (the reply came, or none will be sent)."""
         addresses = self._addresses
         if not addresses:
             return
@@ -187,6 +190,7 @@ class PortReceiver(PortHandler, Generic[R]):
         weakref.finalize(self, _handlers.pop, self.port_id, None)
 
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
+        """Hand an arrived message to the oldest pending ``recv()``, or keep it for the next one."""
         with self._lock:
             if not self._waiters:
                 self._values.append((rank, value, is_exception))
@@ -203,6 +207,7 @@ class PortReceiver(PortHandler, Generic[R]):
             fut._set_exception(exc)
 
     def expect_from(self, addresses: Iterable[str]) -> None:
+        """Add ``addresses`` to the processes whose death fails this receiver (it may wait on several)."""
         super().expect_from(set(addresses) | set(self._addresses))
 
     def _resolve(self, fut: Future[Any], rank: int | None, value: Any, is_exception: bool) -> None:
@@ -214,6 +219,8 @@ class PortReceiver(PortHandler, Generic[R]):
             fut._set_result(value)
 
     def recv(self) -> Future[R]:
+        """A Future of the next message, in the order sent; it raises what the sender passed to
+        ``Port.exception``, or a ``SupervisionError`` if a process expected to send has died."""
         fut: Future[R] = Future._new()
         with self._lock:
             if not self._values:
@@ -227,6 +234,7 @@ class PortReceiver(PortHandler, Generic[R]):
         return fut
 
     def ranked(self) -> PortReceiver[tuple[int, R]]:
+        """From now on deliver each message as ``(rank, value)``, to tell apart what several actors sent."""
         self._ranked = True
         return self  # type: ignore[return-value]
 
@@ -236,10 +244,12 @@ class Channel(Generic[R]):
 
     @staticmethod
     def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
+        """A new channel into this process: hand the ``Port`` to other actors, read with the receiver."""
         receiver: PortReceiver[R] = PortReceiver()
         return Port(runtime().address, receiver.port_id, None, once), receiver
 
     @staticmethod
     def open_ranked(once: bool = False) -> tuple[Port[R], PortReceiver[tuple[int, R]]]:
+        """Like ``open``, but each message arrives as ``(rank, value)``, the rank of the actor that sent it."""
         receiver: PortReceiver[Any] = PortReceiver(ranked=True)
         return Port(runtime().address, receiver.port_id, None, once), receiver

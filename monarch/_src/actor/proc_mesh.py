@@ -144,10 +144,12 @@ class ProcMesh(MeshTrait):
 
     @property
     def initialized(self) -> Future[Any]:
+        """Resolves once the processes are up and the spawn-time ``bootstrap`` ran on each."""
         return self._initialized if self._initialized is not None else Future._completed(True)
 
     @property
     def host_mesh(self) -> Any:
+        """The host mesh a one-process mesh runs on, to spawn more processes on the same host."""
         if len(self) != 1:
             raise NotImplementedError("host_mesh is only available on a single-process ProcMesh")
         if self._host_mesh is not None:
@@ -210,6 +212,7 @@ class ProcMesh(MeshTrait):
         log_forwarding.set_client_options(mid, stream, window)
 
     def activate(self) -> Any:
+        """Monarch's tensor-engine activation; always ``NotImplementedError`` here."""
         raise NotImplementedError("the tensor engine (activate) is not part of monarch-aio")
 
     async def __aenter__(self) -> ProcMesh:

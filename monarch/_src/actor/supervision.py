@@ -41,6 +41,7 @@ class MeshFailure:
         self._report = report
 
     def report(self) -> str:
+        """The text of what failed and why (exit code, signal or traceback), to log or pass on."""
         return self._report
 
     def __repr__(self) -> str:

@@ -103,6 +103,7 @@ class HostMesh(MeshTrait):
         return mesh
 
     def shutdown(self) -> Future[None]:
+        """Mark this host mesh finished with; a second call raises, as shutting down twice is a bug."""
         if self._shut_down:
             raise RuntimeError("HostMesh has already been shut down")
         self._shut_down = True
@@ -110,6 +111,7 @@ class HostMesh(MeshTrait):
 
     @property
     def initialized(self) -> Future[bool]:
+        """Resolves once the hosts can spawn processes; already done, as they start processes on demand."""
         return Future._completed(True)
 
     def __reduce__(self) -> Any:

@@ -90,12 +90,15 @@ class ProcessFailure:
                 self.message = TRACEBACK_HINT
 
     def signal_name(self) -> str:
+        """Name of the signal that killed the worker (``SIGKILL``), or ``<N/A>`` if it exited."""
         return signal_name(self.exitcode)
 
     def timestamp_isoformat(self) -> str:
+        """When the failure was recorded, in local time, as torchrun prints it."""
         return datetime.datetime.fromtimestamp(self.timestamp).isoformat(sep="_")
 
     def traceback_text(self) -> str:
+        """The worker's traceback from its error file, or the reason there is none, for the summary."""
         msg = self.message
         if isinstance(msg, dict):
             inner = msg.get("extraInfo", {}).get("py_callstack", msg.get("message", NOT_AVAILABLE))
@@ -120,10 +123,12 @@ class ChildFailedError(Exception):
         return (ChildFailedError, (self.name, self.failures))
 
     def get_first_failure(self) -> tuple[int, ProcessFailure]:
+        """The global rank that failed first and its failure: the likely root cause."""
         rank = min(self.failures, key=lambda r: self.failures[r].timestamp)
         return rank, self.failures[rank]
 
     def format_msg(self, border: str = "=", section: str = "-") -> str:
+        """torchrun's failure summary: the first failure as root cause, then the others."""
         title = f"{self.name} FAILED"
         root_rank, _ = self.get_first_failure()
         root = ""

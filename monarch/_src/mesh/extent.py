@@ -76,10 +76,12 @@ class Extent(collections.abc.Mapping[str, int]):
 
     @property
     def labels(self) -> list[str]:
+        """Dimension names, outermost first."""
         return list(self._labels)
 
     @property
     def sizes(self) -> list[int]:
+        """Dimension sizes, in the order of ``labels``."""
         return list(self._sizes)
 
     @property
@@ -104,6 +106,7 @@ class Extent(collections.abc.Mapping[str, int]):
             return False
 
     def get(self, label: str, default: _T | None = None) -> int | _T | None:  # type: ignore[override]
+        """Size of dimension ``label``, or ``default`` when the extent has no such dimension."""
         i = self._index.get(label) if isinstance(label, str) else None
         return default if i is None else self._sizes[i]
 

@@ -244,6 +244,7 @@ class MeshTrait(ABC):
 
     @property
     def extent(self) -> Extent:
+        """The mesh's dimensions and sizes."""
         return self._shape.extent
 
     def __len__(self) -> int:

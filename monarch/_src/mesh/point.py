@@ -52,6 +52,7 @@ class Point(collections.abc.Mapping[str, int]):
 
     @property
     def extent(self) -> Extent:
+        """The extent this point is a position in."""
         return self._extent
 
     @property
@@ -70,6 +71,7 @@ class Point(collections.abc.Mapping[str, int]):
         return label in self._extent
 
     def get(self, label: str, default: _T | None = None) -> int | _T | None:  # type: ignore[override]
+        """Coordinate along ``label``, or ``default`` when the extent has no such dimension."""
         if label in self._extent:
             return self[label]
         return default

@@ -59,14 +59,17 @@ class Shape:
 
     @property
     def labels(self) -> list[str]:
+        """Dimension names, outermost first."""
         return list(self._labels)
 
     @property
     def ndslice(self) -> Slice:
+        """The strided slice that maps this shape's coordinates to ranks of the mesh it was cut from."""
         return self._slice
 
     @property
     def extent(self) -> Extent:
+        """Labels and sizes without the rank mapping: the shape as the mesh's user sees it."""
         extent = self._extent
         if extent is None:
             extent = self._extent = Extent(self._labels, self._slice.sizes)
