@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import cloudpickle
 import psutil
 import pytest
-from helpers import alive, kill_leftovers, wait_while
+from helpers import TESTS, alive, kill_leftovers, wait_while
 
 WORKER_MARK = "monarch._src.runtime.bootstrap"
 #: Inherited by every process this test session starts (subprocess clients and their
@@ -44,6 +47,19 @@ def no_leftover_processes() -> Iterator[None]:
     if left:
         kill_leftovers(left)
         pytest.fail(f"test left monarch processes behind: {[p.pid for p in left]}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Ship the tests' own code (test modules, ``actors``, ``helpers``...) to workers by value.
+
+    A test's actor classes and closures are defined in modules that a worker process should not
+    import by name: that would run a test module (and pytest) inside the worker. Registering
+    every module loaded from this directory once here covers each test module as it is
+    collected, instead of a registration line at the top of each."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name == module.__name__ and path and Path(path).resolve().is_relative_to(TESTS):
+            cloudpickle.register_pickle_by_value(module)
 
 
 @pytest.fixture

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
 import pytest
 
 T = TypeVar("T")
+
+TESTS = Path(__file__).resolve().parent
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:

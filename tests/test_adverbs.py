@@ -6,10 +6,8 @@ import asyncio
 import operator
 import os
 import re
-import sys
 
 import actors
-import cloudpickle
 import psutil
 import pytest
 
@@ -29,9 +27,6 @@ from monarch.actor import (
     send,
     this_proc,
 )
-
-# Worker processes cannot import test modules: ship this module's classes by value.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class Counter(actors.Counter):

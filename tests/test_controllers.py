@@ -10,11 +10,7 @@ import threading
 import uuid
 from pathlib import Path
 
-import cloudpickle
-
 from monarch.actor import Actor, endpoint, get_or_spawn_controller
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,20 +15,16 @@ import collections
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import cloudpickle
 import pytest
 from helpers import wait_gone, wait_until
 
 import monarch.actor
 from monarch.actor import Actor, MeshFailure, SupervisionError, context, endpoint, this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 PROCS = 4
 ROUNDS = 12

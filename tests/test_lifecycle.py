@@ -10,7 +10,6 @@ import textwrap
 import threading
 from pathlib import Path
 
-import cloudpickle
 import psutil
 import pytest
 from helpers import wait_gone
@@ -25,8 +24,6 @@ from monarch.actor import (
     this_host,
     this_proc,
 )
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -40,9 +40,6 @@ from monarch.actor import (
     this_proc,
 )
 
-# Worker processes cannot import test modules: ship this module's classes by value.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
 #: How long a failure may take to reach whoever must be told (the contract says "within a second").
 DETECT_S = 1.0
 #: Upper bound for anything a test waits on; far above the expected latency.
