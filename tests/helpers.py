@@ -14,6 +14,9 @@ import pytest
 T = TypeVar("T")
 
 TESTS = Path(__file__).resolve().parent
+#: First line of a client script run with ``python -c``: puts this folder's modules (``actors``)
+#: on the import path of the script and of its workers (they get the client's import path).
+IMPORT_TEST_MODULES = f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:

@@ -31,10 +31,6 @@ from monarch.actor import (
 
 class Counter(actors.Counter):
     @endpoint
-    def pid(self) -> int:
-        return os.getpid()
-
-    @endpoint
     def my_rank(self) -> int:
         return context().actor_instance.rank.rank
 

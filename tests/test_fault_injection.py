@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from actors import Pid
 from helpers import wait_gone, wait_until
 
 import monarch.actor
@@ -34,11 +35,7 @@ CALL_BOUND_S = 5.0
 DEADLINE_S = 15.0
 
 
-class Target(Actor):
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()
-
+class Target(Pid):
     @endpoint
     def work(self, seconds: float) -> int:
         time.sleep(seconds)  # keeps the call in flight while a process may be killed
