@@ -138,6 +138,7 @@ def test_actor_mesh_stop_is_idempotent(procs1):
     assert other.incr.call_one().get(timeout=10) == 1
 
 
+@pytest.mark.slow
 def test_proc_mesh_stop_fails_calls_in_flight(procs1):
     b = procs1.spawn("blocky", Blocky)
     assert b.ping.call_one().get(timeout=10) == "pong"
