@@ -1,13 +1,16 @@
-"""Helpers shared by bench_monarch_api.py and bench_ray.py.
+"""The benchmark itself: its table of metrics and the loop that runs them; bench_monarch_api.py
+and bench_ray.py are small adapters (`Impl`) that say how to spawn and call actors.
 
 Standard library only: this module is imported by benchmark scripts running
-under three different virtual environments.
+under three different virtual environments, and by run_all.py (any python3).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -17,25 +20,13 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 MiB = 1024 * 1024
 PAYLOAD_BYTES = 64 * MiB
 NUMPY_ELEMS = 16 * MiB  # float32 -> 64 MiB
-
-ALL_METRICS = [
-    "import_s",
-    "idle_worker_rss_mb",
-    "spawn_s",
-    "rt_sync_us",
-    "rt_await_us",
-    "outstanding_calls_per_s",
-    "gather_per_s",
-    "payload_bytes_mb_per_s",
-    "payload_numpy_mb_per_s",
-    "inproc_rt_us",
-]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -129,13 +120,13 @@ class Recorder:
             "done": False,
             **extra,
         }
-        wanted = args.metrics.split(",") if args.metrics else ALL_METRICS
+        wanted = args.metrics.split(",") if args.metrics else [m.key for m in METRICS]
         self.wanted = [m for m in wanted if m]
 
     def want(self, metric: str) -> bool:
         return metric in self.wanted
 
-    def set(self, metric: str, samples: list[float | None]) -> None:
+    def set(self, metric: str, samples: Sequence[float | None]) -> None:
         vals = [s for s in samples if s is not None]
         self.result["samples"][metric] = vals
         self.result["metrics"][metric] = statistics.median(vals) if vals else None
@@ -155,14 +146,17 @@ class Recorder:
         traceback.print_exc(file=sys.stderr)
         self.flush()
 
-    def run(self, metric: str, fn: Callable[[], None]) -> None:
+    def run(self, metric: str, measure: Callable[[], Sequence[float | None]]) -> None:
+        """Record ``measure()``'s samples as ``metric`` (an exception as its error), under the watchdog."""
         if not self.want(metric):
             return
         print(f"[bench] {metric} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         with self.guard(metric, [metric]):
             try:
-                fn()
+                self.set(metric, measure())
+            except NotMeasured as e:
+                self.null(metric, str(e))
             except BaseException as e:
                 if isinstance(e, KeyboardInterrupt):
                     raise
@@ -265,3 +259,260 @@ async def timed_loop_async(fn: Callable[[int], Awaitable[Any]], max_n: int, max_
         if (n & 15) == 0 and time.perf_counter() - s > max_s:
             break
     return (time.perf_counter() - s) / n
+
+
+class NotMeasured(Exception):
+    """Raised by an adapter for a metric its implementation has no counterpart for: the metric
+    is recorded as null with this reason, not as an error."""
+
+
+class Mesh(Protocol):
+    """``n`` worker processes with one echo actor each."""
+
+    def echo_all(self, x: Any) -> None:
+        """Echo ``x`` on every actor; return once all replied."""
+
+    def worker_pid(self) -> int:
+        """The pid of the worker process of a one-process mesh."""
+
+    def stop(self) -> None:
+        """Stop the actors and their processes."""
+
+
+class Peer(Protocol):
+    """One worker process hosting a sync and an async echo actor, already warmed up: the target
+    of the point-to-point metrics."""
+
+    def echo(self, x: Any) -> Any:
+        """Round trip to the sync actor, blocking."""
+
+    def echo_async(self, x: Any) -> Awaitable[Any]:
+        """Round trip to the async actor, as something to await."""
+
+    def nbytes(self, x: Any) -> int:
+        """Send ``x`` to the sync actor; it answers with its size."""
+
+    def echo_many(self, n: int) -> None:
+        """Send ``n`` echoes to the sync actor before waiting for any, then wait for all."""
+
+    def stop(self) -> None:
+        """Stop the actors and their process."""
+
+
+class Impl(Protocol):
+    """What one implementation provides; every metric is written against this alone."""
+
+    #: Recorded as the result's ``impl`` (name and version).
+    name: str
+    #: What ``import_s`` times in a fresh interpreter.
+    import_statement: str
+    #: More fields for the result (where the implementation was imported from, ...).
+    extra: dict[str, Any]
+
+    def start(self) -> None:
+        """Start the runtime, before the first metric that spawns anything."""
+
+    def spawn(self, n: int) -> Mesh: ...
+
+    def spawn_peer(self) -> Peer: ...
+
+    def inproc_echo(self) -> Callable[[Any], Any]:
+        """A blocking round trip to an actor in this process (raise NotMeasured where none)."""
+
+    def shutdown(self) -> None:
+        """Undo ``start``, after the result is printed."""
+
+
+@dataclass
+class Run:
+    """What a metric's measurement gets: the implementation, the arguments, the recorder (for
+    extra result fields) and, for ``on_peer`` metrics, the peer."""
+
+    impl: Impl
+    args: argparse.Namespace
+    rec: Recorder
+    peer: Peer | None = None
+
+
+def _import_s(r: Run) -> list[float]:
+    return import_time_samples(r.impl.import_statement, max(r.args.rounds, 5))
+
+
+def _idle_worker_rss_mb(r: Run) -> list[float | None]:
+    mesh = r.impl.spawn(1)
+    try:
+        pid = mesh.worker_pid()
+        time.sleep(1.0)  # let the worker settle / go idle
+        r.rec.result["worker_pid_seen"] = pid
+        return [rss_mb(pid)]
+    finally:
+        mesh.stop()
+
+
+def _spawn_s(r: Run) -> list[float]:
+    def one() -> float:
+        t = time.perf_counter()
+        mesh = r.impl.spawn(4)
+        mesh.echo_all(None)
+        dt = time.perf_counter() - t
+        mesh.stop()
+        return dt
+
+    return sample_rounds(r.args, one)
+
+
+def _rt_sync_us(r: Run) -> list[float]:
+    assert r.peer is not None
+    echo = r.peer.echo
+    return sample_rounds(r.args, lambda: timed_loop(echo, 2000, r.args.loop_s) * 1e6)
+
+
+def _rt_await_us(r: Run) -> list[float]:
+    assert r.peer is not None
+    echo = r.peer.echo_async
+    return sample_rounds(r.args, lambda: asyncio.run(timed_loop_async(echo, 2000, r.args.loop_s)) * 1e6)
+
+
+def _outstanding_calls_per_s(r: Run) -> list[float]:
+    assert r.peer is not None
+    peer, n = r.peer, 10_000
+
+    def one() -> float:
+        t = time.perf_counter()
+        peer.echo_many(n)
+        return n / (time.perf_counter() - t)
+
+    return sample_rounds(r.args, one)
+
+
+def _payload_mb_per_s(r: Run, payload: Any, nbytes: int) -> list[float]:
+    assert r.peer is not None
+    peer = r.peer
+
+    def one() -> float:
+        t = time.perf_counter()
+        n = peer.nbytes(payload)
+        dt = time.perf_counter() - t
+        assert n == nbytes, n
+        return nbytes / 1e6 / dt
+
+    return sample_rounds(r.args, one)
+
+
+def _payload_bytes_mb_per_s(r: Run) -> list[float]:
+    return _payload_mb_per_s(r, os.urandom(PAYLOAD_BYTES), PAYLOAD_BYTES)
+
+
+def _payload_numpy_mb_per_s(r: Run) -> list[float]:
+    try:
+        import numpy as np
+    except ImportError:
+        raise RuntimeError("numpy not installed") from None
+    arr = np.random.default_rng(0).random(NUMPY_ELEMS, dtype=np.float32)
+    return _payload_mb_per_s(r, arr, arr.nbytes)
+
+
+def _gather_per_s(r: Run) -> list[float]:
+    mesh = r.impl.spawn(4)
+    try:
+        mesh.echo_all(0)
+        return sample_rounds(r.args, lambda: 1.0 / timed_loop(mesh.echo_all, 2000, r.args.loop_s))
+    finally:
+        mesh.stop()
+
+
+def _inproc_rt_us(r: Run) -> list[float]:
+    echo = r.impl.inproc_echo()
+    return sample_rounds(r.args, lambda: timed_loop(echo, 2000, r.args.loop_s) * 1e6)
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    #: Row label, unit and number format of run_all.py's table.
+    label: str
+    unit: str
+    fmt: str
+    higher_is_better: bool
+    measure: Callable[[Run], Sequence[float | None]]
+    #: Measured on the shared `Peer` (set up before the first such metric, stopped after the last).
+    on_peer: bool = False
+    #: Needs no runtime: measured in fresh interpreters, before `Impl.start`.
+    standalone: bool = False
+
+
+#: Every metric, in the order they run.
+METRICS = [
+    Metric(
+        "import_s", "import monarch.actor (ray: import ray)", "s", "{:.3f}", False, _import_s, standalone=True
+    ),
+    Metric("idle_worker_rss_mb", "idle worker RSS", "MB", "{:.1f}", False, _idle_worker_rss_mb),
+    Metric("spawn_s", "spawn 4 procs + actor + 1st reply", "s", "{:.3f}", False, _spawn_s),
+    Metric("rt_sync_us", "round trip call_one().get()", "µs", "{:,.0f}", False, _rt_sync_us, on_peer=True),
+    Metric("rt_await_us", "round trip await call_one()", "µs", "{:,.0f}", False, _rt_await_us, on_peer=True),
+    Metric(
+        "outstanding_calls_per_s",
+        "10k outstanding call_one",
+        "calls/s",
+        "{:,.0f}",
+        True,
+        _outstanding_calls_per_s,
+        on_peer=True,
+    ),
+    Metric(
+        "payload_bytes_mb_per_s",
+        "64 MiB bytes payload",
+        "MB/s",
+        "{:,.0f}",
+        True,
+        _payload_bytes_mb_per_s,
+        on_peer=True,
+    ),
+    Metric(
+        "payload_numpy_mb_per_s",
+        "64 MiB numpy payload",
+        "MB/s",
+        "{:,.0f}",
+        True,
+        _payload_numpy_mb_per_s,
+        on_peer=True,
+    ),
+    Metric("gather_per_s", "call() on 4-proc mesh + get()", "gathers/s", "{:,.0f}", True, _gather_per_s),
+    Metric("inproc_rt_us", "in-process actor round trip", "µs", "{:,.1f}", False, _inproc_rt_us),
+]
+
+
+def run_benchmark(impl: Impl) -> None:
+    """Measure the metrics asked for on the command line and print the result (one JSON line)."""
+    args = parse_args()
+    rec = Recorder(impl.name, args, impl.extra)
+    r = Run(impl, args, rec)
+    peer_metrics = [m.key for m in METRICS if m.on_peer and rec.want(m.key)]
+    started = peer_failed = False
+    for m in METRICS:
+        if not rec.want(m.key):
+            continue
+        if not m.standalone and not started:
+            impl.start()
+            started = True
+        if m.on_peer and r.peer is None and not peer_failed:
+            try:
+                with rec.guard("1-proc mesh setup", peer_metrics):
+                    r.peer = impl.spawn_peer()
+            except BaseException as e:
+                for key in peer_metrics:
+                    rec.error(key, e)
+                peer_failed = True
+        if m.on_peer and peer_failed:
+            continue
+        rec.run(m.key, functools.partial(m.measure, r))
+        if r.peer is not None and m.key == peer_metrics[-1]:
+            try:
+                with rec.guard("1-proc mesh stop", []):
+                    r.peer.stop()
+            except BaseException as e:
+                print(f"[bench] stopping 1-proc mesh failed: {e!r}", file=sys.stderr)
+            r.peer = None
+    rec.finish()
+    if started:
+        impl.shutdown()

@@ -1,4 +1,5 @@
-"""Benchmark written only against the public Monarch actor API.
+"""The benchmark (`_benchutil.METRICS`) on Monarch: an adapter written only against the public
+Monarch actor API.
 
 Runs unchanged under monarch-aio (the checkout's .venv) and Meta's torchmonarch
 (.venvs/torchmonarch): both import as `monarch`.
@@ -12,7 +13,6 @@ Run it from a directory that has no `monarch/` folder (run_all.py does).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time
@@ -25,11 +25,6 @@ import monarch  # noqa: E402
 from monarch.actor import Actor, endpoint, this_host, this_proc  # noqa: E402
 
 _in_process_import_s = time.perf_counter() - _t0
-
-try:
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None
 
 
 # torchmonarch 0.7 rejects classes that mix sync and async endpoints, so the
@@ -77,199 +72,73 @@ def _impl_name() -> str:
     return "monarch(?)"
 
 
-def spawn_mesh(n: int, name: str, cls=Echo):
-    procs = this_host().spawn_procs(per_host={"gpus": n})
-    return procs, procs.spawn(name, cls)
+class MonarchMesh:
+    def __init__(self, n: int) -> None:
+        self.procs = this_host().spawn_procs(per_host={"gpus": n})
+        self.actors = self.procs.spawn("echo", Echo)
+
+    def echo_all(self, x) -> None:
+        self.actors.echo.call(x).get()
+
+    def worker_pid(self) -> int:
+        return self.actors.pid.call_one().get()
+
+    def stop(self) -> None:
+        self.procs.stop().get()
 
 
-def main() -> None:
-    args = bu.parse_args()
-    rec = bu.Recorder(
-        _impl_name(), args, {"monarch_path": _monarch_origin(), "in_process_import_s": _in_process_import_s}
-    )
-    R = args.rounds
+class MonarchPeer:
+    def __init__(self) -> None:
+        self.procs = this_host().spawn_procs(per_host={"gpus": 1})
+        self.sync = self.procs.spawn("sync_echo", Echo)
+        self.async_ = self.procs.spawn("async_echo", AsyncEcho)
+        self.sync.echo.call_one(0).get()
+        self.async_.echo.call_one(0).get()
 
-    # g. import time -------------------------------------------------------
-    def m_import():
-        rec.set("import_s", bu.import_time_samples("import monarch.actor", max(R, 5)))
+    def echo(self, x):
+        return self.sync.echo.call_one(x).get()
 
-    rec.run("import_s", m_import)
+    def echo_async(self, x):
+        return self.async_.echo.call_one(x)
 
-    # h. idle worker RSS ---------------------------------------------------
-    def m_rss():
-        procs, a = spawn_mesh(1, "rss")
-        try:
-            pid = a.pid.call_one().get()
-            time.sleep(1.0)  # let the worker settle / go idle
-            rec.set("idle_worker_rss_mb", [bu.rss_mb(pid)])
-            rec.result["worker_pid_seen"] = pid
-        finally:
-            procs.stop().get()
+    def nbytes(self, x) -> int:
+        return self.sync.nbytes.call_one(x).get()
 
-    rec.run("idle_worker_rss_mb", m_rss)
+    def echo_many(self, n: int) -> None:
+        futs = [self.sync.echo.call_one(i) for i in range(n)]
+        for f in futs:
+            f.get()
 
-    # a. spawn: 4 procs + actor mesh + first reply --------------------------
-    def m_spawn():
-        def one() -> float:
-            t = time.perf_counter()
-            procs = this_host().spawn_procs(per_host={"gpus": 4})
-            echo = procs.spawn("x", Echo)
-            echo.echo.call().get()
-            dt = time.perf_counter() - t
-            procs.stop().get()
-            return dt
+    def stop(self) -> None:
+        self.procs.stop().get()
 
-        rec.set("spawn_s", bu.sample_rounds(args, one))
 
-    rec.run("spawn_s", m_spawn)
+class Monarch:
+    """`bu.Impl` for monarch-aio and torchmonarch alike (both import as `monarch`)."""
 
-    # b/c/e. one 1-proc mesh hosting a sync and an async echo actor ---------
-    need_one = any(
-        rec.want(m)
-        for m in (
-            "rt_sync_us",
-            "rt_await_us",
-            "outstanding_calls_per_s",
-            "payload_bytes_mb_per_s",
-            "payload_numpy_mb_per_s",
-        )
-    )
-    one_metrics = [
-        "rt_sync_us",
-        "rt_await_us",
-        "outstanding_calls_per_s",
-        "payload_bytes_mb_per_s",
-        "payload_numpy_mb_per_s",
-    ]
-    procs1 = None
-    try:
-        if need_one:
-            with rec.guard("1-proc mesh setup", one_metrics):
-                procs1 = this_host().spawn_procs(per_host={"gpus": 1})
-                sync_a = procs1.spawn("sync_echo", Echo)
-                async_a = procs1.spawn("async_echo", AsyncEcho)
-                sync_a.echo.call_one(0).get()
-                async_a.echo.call_one(0).get()
-    except BaseException as e:
-        for m in one_metrics:
-            if rec.want(m):
-                rec.error(m, e)
-        need_one = False
+    import_statement = "import monarch.actor"
 
-    if need_one:
-        # b. round trip, sync .get()
-        def m_rt_sync():
-            rec.set(
-                "rt_sync_us",
-                bu.sample_rounds(
-                    args,
-                    lambda: bu.timed_loop(lambda i: sync_a.echo.call_one(i).get(), 2000, args.loop_s) * 1e6,
-                ),
-            )
+    def __init__(self) -> None:
+        self.name = _impl_name()
+        self.extra = {"monarch_path": _monarch_origin(), "in_process_import_s": _in_process_import_s}
 
-        rec.run("rt_sync_us", m_rt_sync)
+    def start(self) -> None:
+        pass  # the runtime starts with the first spawn
 
-        # b. round trip, await inside asyncio.run
-        def m_rt_await():
-            rec.set(
-                "rt_await_us",
-                bu.sample_rounds(
-                    args,
-                    lambda: (
-                        asyncio.run(
-                            bu.timed_loop_async(lambda i: async_a.echo.call_one(i), 2000, args.loop_s)
-                        )
-                        * 1e6
-                    ),
-                ),
-            )
+    def spawn(self, n: int) -> MonarchMesh:
+        return MonarchMesh(n)
 
-        rec.run("rt_await_us", m_rt_await)
+    def spawn_peer(self) -> MonarchPeer:
+        return MonarchPeer()
 
-        # c. 10,000 outstanding call_one, then wait all
-        def m_outstanding():
-            N = 10_000
-
-            def one() -> float:
-                t = time.perf_counter()
-                futs = [sync_a.echo.call_one(i) for i in range(N)]
-                for f in futs:
-                    f.get()
-                return N / (time.perf_counter() - t)
-
-            rec.set("outstanding_calls_per_s", bu.sample_rounds(args, one))
-
-        rec.run("outstanding_calls_per_s", m_outstanding)
-
-        # e. 64 MiB payloads
-        def m_payload_bytes():
-            data = os.urandom(bu.PAYLOAD_BYTES)
-
-            def one() -> float:
-                t = time.perf_counter()
-                n = sync_a.nbytes.call_one(data).get()
-                dt = time.perf_counter() - t
-                assert n == bu.PAYLOAD_BYTES, n
-                return bu.PAYLOAD_BYTES / 1e6 / dt
-
-            rec.set("payload_bytes_mb_per_s", bu.sample_rounds(args, one))
-
-        rec.run("payload_bytes_mb_per_s", m_payload_bytes)
-
-        def m_payload_numpy():
-            if np is None:
-                raise RuntimeError("numpy not installed")
-            arr = np.random.default_rng(0).random(bu.NUMPY_ELEMS, dtype=np.float32)
-
-            def one() -> float:
-                t = time.perf_counter()
-                n = sync_a.nbytes.call_one(arr).get()
-                dt = time.perf_counter() - t
-                assert n == arr.nbytes, n
-                return arr.nbytes / 1e6 / dt
-
-            rec.set("payload_numpy_mb_per_s", bu.sample_rounds(args, one))
-
-        rec.run("payload_numpy_mb_per_s", m_payload_numpy)
-
-    if procs1 is not None:
-        try:
-            with rec.guard("1-proc mesh stop", []):
-                procs1.stop().get()
-        except BaseException as e:
-            print(f"[bench] stopping 1-proc mesh failed: {e!r}", file=sys.stderr)
-
-    # d. gather on a 4-proc actor mesh -------------------------------------
-    def m_gather():
-        procs, a = spawn_mesh(4, "gather")
-        try:
-            a.echo.call(0).get()
-            rec.set(
-                "gather_per_s",
-                bu.sample_rounds(
-                    args, lambda: 1.0 / bu.timed_loop(lambda i: a.echo.call(i).get(), 2000, args.loop_s)
-                ),
-            )
-        finally:
-            procs.stop().get()
-
-    rec.run("gather_per_s", m_gather)
-
-    # f. in-process actor --------------------------------------------------
-    def m_inproc():
+    def inproc_echo(self):
         a = this_proc().spawn("inproc_echo", Echo)
         a.echo.call_one(0).get()
-        rec.set(
-            "inproc_rt_us",
-            bu.sample_rounds(
-                args, lambda: bu.timed_loop(lambda i: a.echo.call_one(i).get(), 2000, args.loop_s) * 1e6
-            ),
-        )
+        return lambda x: a.echo.call_one(x).get()
 
-    rec.run("inproc_rt_us", m_inproc)
-
-    rec.finish()
+    def shutdown(self) -> None:
+        pass
 
 
 if __name__ == "__main__":
-    main()
+    bu.run_benchmark(Monarch())

@@ -1,4 +1,4 @@
-"""The bench_monarch_api.py measurements, done with Ray actors.
+"""The benchmark (`_benchutil.METRICS`) on Ray actors: the same metrics as bench_monarch_api.py.
 
     python benchmarks/bench_ray.py [--rounds 5] [--warmup 1] [--out FILE]
 
@@ -13,20 +13,18 @@ Same JSON layout and metric keys as bench_monarch_api.py. Mapping:
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _benchutil as bu
-import numpy as np
 import ray
 
 NUM_CPUS = 4
 
 
-@ray.remote(num_cpus=0)
 class Echo:
     def echo(self, x=None):
         return x
@@ -39,13 +37,17 @@ class Echo:
         return os.getpid()
 
 
-@ray.remote(num_cpus=0)
 class AsyncEcho:
     async def echo(self, x=None):
         return x
 
 
-def _kill(actors):
+#: The actor classes: ``ray.remote`` makes them (typed Any: mypy cannot see what it returns).
+EchoActor: Any = ray.remote(num_cpus=0)(Echo)
+AsyncEchoActor: Any = ray.remote(num_cpus=0)(AsyncEcho)
+
+
+def _kill(actors) -> None:
     for a in actors:
         try:
             ray.kill(a)
@@ -53,150 +55,77 @@ def _kill(actors):
             pass
 
 
-def main() -> None:
-    args = bu.parse_args()
-    rec = bu.Recorder(f"ray=={ray.__version__}", args, {})
-    R = args.rounds
+class RayMesh:
+    """``n`` actors: Ray starts one worker process for each."""
 
-    def m_import():
-        rec.set("import_s", bu.import_time_samples("import ray", max(R, 5)))
+    def __init__(self, n: int) -> None:
+        self.actors = [EchoActor.remote() for _ in range(n)]
 
-    rec.run("import_s", m_import)
+    def echo_all(self, x) -> None:
+        ray.get([a.echo.remote(x) for a in self.actors])
 
-    ray.init(
-        num_cpus=NUM_CPUS,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=1 << 30,
-        logging_level="ERROR",
-    )
+    def worker_pid(self) -> int:
+        return ray.get(self.actors[0].pid.remote())
 
-    def m_rss():
-        a = Echo.remote()
-        try:
-            pid = ray.get(a.pid.remote())
-            time.sleep(1.0)
-            rec.set("idle_worker_rss_mb", [bu.rss_mb(pid)])
-            rec.result["worker_pid_seen"] = pid
-        finally:
-            _kill([a])
+    def stop(self) -> None:
+        _kill(self.actors)
+        self.actors = []
+        time.sleep(0.2)  # let the killed workers exit (keeps <= 4 worker procs alive)
 
-    rec.run("idle_worker_rss_mb", m_rss)
 
-    def m_spawn():
-        def one() -> float:
-            t = time.perf_counter()
-            actors = [Echo.remote() for _ in range(4)]
-            ray.get([a.echo.remote() for a in actors])
-            dt = time.perf_counter() - t
-            _kill(actors)
-            del actors
-            time.sleep(0.2)  # let the killed workers exit (keeps <= 4 worker procs alive)
-            return dt
+class RayPeer:
+    def __init__(self) -> None:
+        self.sync = EchoActor.remote()
+        self.async_ = AsyncEchoActor.remote()
+        ray.get([self.sync.echo.remote(0), self.async_.echo.remote(0)])
 
-        rec.set("spawn_s", bu.sample_rounds(args, one))
+    def echo(self, x):
+        return ray.get(self.sync.echo.remote(x))
 
-    rec.run("spawn_s", m_spawn)
+    def echo_async(self, x):
+        return self.async_.echo.remote(x)
 
-    sync_a = Echo.remote()
-    async_a = AsyncEcho.remote()
-    ray.get([sync_a.echo.remote(0), async_a.echo.remote(0)])
+    def nbytes(self, x) -> int:
+        return ray.get(self.sync.nbytes.remote(x))
 
-    def m_rt_sync():
-        rec.set(
-            "rt_sync_us",
-            bu.sample_rounds(
-                args, lambda: bu.timed_loop(lambda i: ray.get(sync_a.echo.remote(i)), 2000, args.loop_s) * 1e6
-            ),
+    def echo_many(self, n: int) -> None:
+        ray.get([self.sync.echo.remote(i) for i in range(n)])
+
+    def stop(self) -> None:
+        _kill([self.sync, self.async_])
+        time.sleep(0.2)
+
+
+class Ray:
+    """`bu.Impl` for Ray."""
+
+    import_statement = "import ray"
+
+    def __init__(self) -> None:
+        self.name = f"ray=={ray.__version__}"
+        self.extra: dict = {}
+
+    def start(self) -> None:
+        ray.init(
+            num_cpus=NUM_CPUS,
+            include_dashboard=False,
+            log_to_driver=False,
+            object_store_memory=1 << 30,
+            logging_level="ERROR",
         )
 
-    rec.run("rt_sync_us", m_rt_sync)
+    def spawn(self, n: int) -> RayMesh:
+        return RayMesh(n)
 
-    def m_rt_await():
-        rec.set(
-            "rt_await_us",
-            bu.sample_rounds(
-                args,
-                lambda: (
-                    asyncio.run(bu.timed_loop_async(lambda i: async_a.echo.remote(i), 2000, args.loop_s))
-                    * 1e6
-                ),
-            ),
-        )
+    def spawn_peer(self) -> RayPeer:
+        return RayPeer()
 
-    rec.run("rt_await_us", m_rt_await)
+    def inproc_echo(self):
+        raise bu.NotMeasured("Ray has no in-process actor")
 
-    def m_outstanding():
-        N = 10_000
-
-        def one() -> float:
-            t = time.perf_counter()
-            refs = [sync_a.echo.remote(i) for i in range(N)]
-            ray.get(refs)
-            return N / (time.perf_counter() - t)
-
-        rec.set("outstanding_calls_per_s", bu.sample_rounds(args, one))
-
-    rec.run("outstanding_calls_per_s", m_outstanding)
-
-    def m_payload_bytes():
-        data = os.urandom(bu.PAYLOAD_BYTES)
-
-        def one() -> float:
-            t = time.perf_counter()
-            n = ray.get(sync_a.nbytes.remote(data))
-            dt = time.perf_counter() - t
-            assert n == bu.PAYLOAD_BYTES, n
-            return bu.PAYLOAD_BYTES / 1e6 / dt
-
-        rec.set("payload_bytes_mb_per_s", bu.sample_rounds(args, one))
-
-    rec.run("payload_bytes_mb_per_s", m_payload_bytes)
-
-    def m_payload_numpy():
-        arr = np.random.default_rng(0).random(bu.NUMPY_ELEMS, dtype=np.float32)
-
-        def one() -> float:
-            t = time.perf_counter()
-            n = ray.get(sync_a.nbytes.remote(arr))
-            dt = time.perf_counter() - t
-            assert n == arr.nbytes, n
-            return arr.nbytes / 1e6 / dt
-
-        rec.set("payload_numpy_mb_per_s", bu.sample_rounds(args, one))
-
-    rec.run("payload_numpy_mb_per_s", m_payload_numpy)
-
-    _kill([sync_a, async_a])
-    time.sleep(0.2)
-
-    def m_gather():
-        actors = [Echo.remote() for _ in range(4)]
-        try:
-            ray.get([a.echo.remote(0) for a in actors])
-            rec.set(
-                "gather_per_s",
-                bu.sample_rounds(
-                    args,
-                    lambda: (
-                        1.0
-                        / bu.timed_loop(
-                            lambda i: ray.get([a.echo.remote(i) for a in actors]), 2000, args.loop_s
-                        )
-                    ),
-                ),
-            )
-        finally:
-            _kill(actors)
-
-    rec.run("gather_per_s", m_gather)
-
-    if rec.want("inproc_rt_us"):
-        rec.null("inproc_rt_us", "Ray has no in-process actor")
-
-    rec.finish()
-    ray.shutdown()
+    def shutdown(self) -> None:
+        ray.shutdown()
 
 
 if __name__ == "__main__":
-    main()
+    bu.run_benchmark(Ray())

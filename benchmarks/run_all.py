@@ -27,6 +27,9 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _benchutil import METRICS  # noqa: E402
+
 ROOT = os.path.dirname(HERE)
 
 IMPLS = {
@@ -37,19 +40,6 @@ IMPLS = {
 }
 OURS, TM, RAY = "monarch-aio", "torchmonarch", "ray"
 
-# metric key, label, unit, fmt, higher_is_better
-METRICS = [
-    ("spawn_s", "spawn 4 procs + actor + 1st reply", "s", "{:.3f}", False),
-    ("rt_sync_us", "round trip call_one().get()", "µs", "{:,.0f}", False),
-    ("rt_await_us", "round trip await call_one()", "µs", "{:,.0f}", False),
-    ("outstanding_calls_per_s", "10k outstanding call_one", "calls/s", "{:,.0f}", True),
-    ("gather_per_s", "call() on 4-proc mesh + get()", "gathers/s", "{:,.0f}", True),
-    ("payload_bytes_mb_per_s", "64 MiB bytes payload", "MB/s", "{:,.0f}", True),
-    ("payload_numpy_mb_per_s", "64 MiB numpy payload", "MB/s", "{:,.0f}", True),
-    ("inproc_rt_us", "in-process actor round trip", "µs", "{:,.1f}", False),
-    ("import_s", "import monarch.actor (ray: import ray)", "s", "{:.3f}", False),
-    ("idle_worker_rss_mb", "idle worker RSS", "MB", "{:.1f}", False),
-]
 
 # metric -> (description, kind, value): kind "vs_tm" (ratio ours/torchmonarch),
 # "vs_ray" (ratio ours/ray), "abs" (absolute value of ours); op "<=" or ">=".
@@ -227,9 +217,9 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str]) -> dict
 def fmt(metric: str, v: float | None) -> str:
     if v is None:
         return "—"
-    for m, _, unit, f, _ in METRICS:
-        if m == metric:
-            return f.format(v) + " " + unit
+    for m in METRICS:
+        if m.key == metric:
+            return m.fmt.format(v) + " " + m.unit
     return str(v)
 
 
@@ -256,7 +246,7 @@ def main() -> int:
     dead: set = set()  # impls that produced nothing at all
     runs = []
 
-    wanted = [m for m, *_ in METRICS]
+    wanted = [m.key for m in METRICS]
     if args.metrics:
         wanted = [m for m in args.metrics.split(",") if m]
 
@@ -313,7 +303,7 @@ def main() -> int:
                 attempt += 1
 
     med: dict[str, dict[str, float | None]] = {
-        n: {m: (statistics.median(samples[n][m]) if samples[n].get(m) else None) for m, *_ in METRICS}
+        n: {m.key: (statistics.median(samples[n][m.key]) if samples[n].get(m.key) else None) for m in METRICS}
         for n in names
     }
 
@@ -336,7 +326,8 @@ def main() -> int:
     lines.append("| " + " | ".join(hdr) + " |")
     lines.append("|" + "---|" * len(hdr))
     verdicts = {}
-    for m, label, _unit, _, _hib in METRICS:
+    for metric in METRICS:
+        m, label = metric.key, metric.label
         if args.metrics and m not in args.metrics.split(","):
             continue
         row = [f"{label} (`{m}`)"] + [fmt(m, get(n, m)) for n in names]

@@ -4,11 +4,21 @@ the client's import path)."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 from monarch.actor import Actor, concurrent_endpoint, endpoint
 
 
-class Counter(Actor):
+class Pid(Actor):
+    """Tells which process it runs in: how tests find the worker processes they kill or watch.
+    Test actors that need this subclass it."""
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Counter(Pid):
     """A number to bump and read: the simplest stateful actor."""
 
     def __init__(self, start: int = 0) -> None:

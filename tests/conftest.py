@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
-import time
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import cloudpickle
 import psutil
 import pytest
+from helpers import TESTS, alive, kill_leftovers, wait_while
 
 WORKER_MARK = "monarch._src.runtime.bootstrap"
 #: Inherited by every process this test session starts (subprocess clients and their
@@ -19,7 +22,7 @@ SESSION = os.environ[SESSION_ENV]
 
 
 def monarch_processes() -> list[psutil.Process]:
-    """Monarch worker processes started by this test session (descendants or orphans)."""
+    """Running monarch worker processes started by this test session (descendants or orphans)."""
     found = []
     me = os.getpid()
     for p in psutil.process_iter(["cmdline"]):
@@ -32,20 +35,7 @@ def monarch_processes() -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         found.append(p)
-    return found
-
-
-def wait_for_no_monarch_processes(before: set[int], timeout: float = 10.0) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = [
-            p
-            for p in monarch_processes()
-            if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        ]
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
+    return alive(found)
 
 
 @pytest.fixture(autouse=True)
@@ -53,14 +43,23 @@ def no_leftover_processes() -> Iterator[None]:
     """Fail a test that leaves a monarch worker process behind (and kill the leftovers)."""
     before = {p.pid for p in monarch_processes()}
     yield
-    left = wait_for_no_monarch_processes(before)
+    left = wait_while(lambda: [p for p in monarch_processes() if p.pid not in before])
     if left:
-        for p in left:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        kill_leftovers(left)
         pytest.fail(f"test left monarch processes behind: {[p.pid for p in left]}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Ship the tests' own code (test modules, ``actors``, ``helpers``...) to workers by value.
+
+    A test's actor classes and closures are defined in modules that a worker process should not
+    import by name: that would run a test module (and pytest) inside the worker. Registering
+    every module loaded from this directory once here covers each test module as it is
+    collected, instead of a registration line at the top of each."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name == module.__name__ and path and Path(path).resolve().is_relative_to(TESTS):
+            cloudpickle.register_pickle_by_value(module)
 
 
 @pytest.fixture

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
-import cloudpickle
 import pytest
 
 from monarch.actor import Actor, Extent, context, current_rank, endpoint, this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class Where(Actor):

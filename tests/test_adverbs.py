@@ -6,10 +6,8 @@ import asyncio
 import operator
 import os
 import re
-import sys
 
 import actors
-import cloudpickle
 import psutil
 import pytest
 
@@ -30,15 +28,8 @@ from monarch.actor import (
     this_proc,
 )
 
-# Worker processes cannot import test modules: ship this module's classes by value.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
 
 class Counter(actors.Counter):
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()
-
     @endpoint
     def my_rank(self) -> int:
         return context().actor_instance.rank.rank

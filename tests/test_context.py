@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
-
-import cloudpickle
 
 from monarch.actor import (
     Actor,
@@ -17,8 +14,6 @@ from monarch.actor import (
     endpoint,
     this_proc,
 )
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class Named(Actor):

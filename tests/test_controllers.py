@@ -10,11 +10,9 @@ import threading
 import uuid
 from pathlib import Path
 
-import cloudpickle
+from helpers import IMPORT_TEST_MODULES
 
 from monarch.actor import Actor, endpoint, get_or_spawn_controller
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,20 +84,16 @@ def test_callable_from_inside_an_actor(procs1):
 
 
 def test_actor_asks_first_in_a_fresh_client():
-    code = textwrap.dedent(
+    code = IMPORT_TEST_MODULES + textwrap.dedent(
         """
         import os
+        from actors import Pid
         from monarch.actor import Actor, endpoint, get_or_spawn_controller, this_host
-
-        class Controller(Actor):
-            @endpoint
-            def pid(self):
-                return os.getpid()
 
         class User(Actor):
             @endpoint
             def ask(self):
-                c = get_or_spawn_controller("first", Controller).get(timeout=10)
+                c = get_or_spawn_controller("first", Pid).get(timeout=10)
                 return c.pid.call_one().get(timeout=10)
 
         pm = this_host().spawn_procs(per_host={"gpus": 1})

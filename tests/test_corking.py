@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
-import cloudpickle
 from helpers import wait_until
 
 from monarch.actor import Actor, endpoint
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 N = 400
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import threading
 
 import actors
-import cloudpickle
 import pytest
 
 from monarch.actor import (
@@ -20,8 +18,6 @@ from monarch.actor import (
     endpoint,
     this_proc,
 )
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class Counter(actors.Counter):

@@ -10,12 +10,9 @@ import textwrap
 import threading
 from pathlib import Path
 
-import cloudpickle
 import pytest
 
 from monarch.actor import Actor, ActorError, endpoint, this_proc
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]
 

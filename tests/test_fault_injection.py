@@ -15,20 +15,17 @@ import collections
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import cloudpickle
 import pytest
+from actors import Pid
 from helpers import wait_gone, wait_until
 
 import monarch.actor
 from monarch.actor import Actor, MeshFailure, SupervisionError, context, endpoint, this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 PROCS = 4
 ROUNDS = 12
@@ -38,11 +35,7 @@ CALL_BOUND_S = 5.0
 DEADLINE_S = 15.0
 
 
-class Target(Actor):
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()
-
+class Target(Pid):
     @endpoint
     def work(self, seconds: float) -> int:
         time.sleep(seconds)  # keeps the call in flight while a process may be killed

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 import threading
 
 import actors
-import cloudpickle
 import pytest
 
 from monarch.actor import ActorError, Future, endpoint, this_proc
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class Gate(actors.Gate):

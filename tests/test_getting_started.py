@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "getting_started.py"
 
 
+@pytest.mark.slow
 def test_getting_started_example_runs() -> None:
     proc = subprocess.run(
         [sys.executable, str(EXAMPLE)],

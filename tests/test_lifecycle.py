@@ -10,10 +10,10 @@ import textwrap
 import threading
 from pathlib import Path
 
-import cloudpickle
 import psutil
 import pytest
-from helpers import wait_gone
+from actors import Pid
+from helpers import IMPORT_TEST_MODULES, wait_gone
 
 from monarch.actor import (
     Actor,
@@ -26,12 +26,10 @@ from monarch.actor import (
     this_proc,
 )
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
 REPO = Path(__file__).resolve().parents[1]
 
 
-class Counter(Actor):
+class Counter(Pid):
     def __init__(self) -> None:
         self.v = 0
 
@@ -39,12 +37,6 @@ class Counter(Actor):
     def incr(self) -> int:
         self.v += 1
         return self.v
-
-    @endpoint
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
 
 
 class WithCleanup(Actor):
@@ -146,6 +138,7 @@ def test_actor_mesh_stop_is_idempotent(procs1):
     assert other.incr.call_one().get(timeout=10) == 1
 
 
+@pytest.mark.slow
 def test_proc_mesh_stop_fails_calls_in_flight(procs1):
     b = procs1.spawn("blocky", Blocky)
     assert b.ping.call_one().get(timeout=10) == "pong"
@@ -217,18 +210,14 @@ def test_proc_mesh_stop_without_any_reply_is_not_a_failure():
     assert proc.returncode == 0
 
 
-SHUTDOWN_SCRIPT = textwrap.dedent(
+SHUTDOWN_SCRIPT = IMPORT_TEST_MODULES + textwrap.dedent(
     """
-    import json, os
-    from monarch.actor import Actor, endpoint, shutdown_context, this_host
-
-    class P(Actor):
-        @endpoint
-        def pid(self):
-            return os.getpid()
+    import json
+    from actors import Pid
+    from monarch.actor import shutdown_context, this_host
 
     pm = this_host().spawn_procs(per_host={"gpus": 2})
-    pids = pm.spawn("p", P).pid.call().get(timeout=10).values()
+    pids = pm.spawn("p", Pid).pid.call().get(timeout=10).values()
     print("PIDS " + json.dumps(pids), flush=True)
     first = shutdown_context().get(timeout=10)
     second = shutdown_context().get(timeout=10)

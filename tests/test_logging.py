@@ -354,6 +354,7 @@ def test_framework_logs_go_to_a_file_per_process_not_the_terminal(tmp_path: Path
     assert "'LOUD'" in warnings[0] and "TRACE, DEBUG, INFO, WARN, ERROR" in warnings[0]
 
 
+@pytest.mark.slow
 def test_a_client_that_never_reads_its_stdout_does_not_stall_workers(tmp_path: Path) -> None:
     script = tmp_path / "client.py"
     script.write_text(

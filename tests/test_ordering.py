@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 
-import cloudpickle
 import pytest
 
 from monarch.actor import Actor, Channel, endpoint, send, this_proc
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 N = 3000
 

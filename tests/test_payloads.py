@@ -8,13 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cloudpickle
 import numpy as np
 import pytest
 
 from monarch.actor import Actor, endpoint, this_proc
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]
 MIB8 = 8 * 1024 * 1024

@@ -7,14 +7,11 @@ import random
 import signal
 import sys
 
-import cloudpickle
 import numpy as np
 import pytest
 
 import monarch.actor
 from monarch.actor import Actor, SupervisionError, endpoint, this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class Probe(Actor):

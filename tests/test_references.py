@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import actors
-import cloudpickle
 
 from monarch.actor import Actor, Channel, Port, ProcMesh, endpoint
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class Counter(actors.Counter):

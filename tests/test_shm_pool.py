@@ -8,14 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cloudpickle
 import numpy as np
 import pytest
 
 from monarch._src.actor.proc import runtime
 from monarch.actor import Actor, endpoint
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]
 ELEMS = (4 << 20) // 8  # 4 MiB of float64: well above the shared-memory threshold

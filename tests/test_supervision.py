@@ -23,7 +23,7 @@ from typing import Any
 import actors
 import cloudpickle
 import pytest
-from helpers import wait_gone, wait_until
+from helpers import IMPORT_TEST_MODULES, wait_gone, wait_until
 
 import monarch.actor
 from monarch.actor import (
@@ -39,9 +39,6 @@ from monarch.actor import (
     this_host,
     this_proc,
 )
-
-# Worker processes cannot import test modules: ship this module's classes by value.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 #: How long a failure may take to reach whoever must be told (the contract says "within a second").
 DETECT_S = 1.0
@@ -133,7 +130,7 @@ class Fatal(BaseException):
     """A BaseException that is not an Exception: it fails the actor instead of the call."""
 
 
-class Worker(Actor):
+class Worker(actors.Pid):
     def __init__(self, fail_init: bool = False) -> None:
         if fail_init:
             raise ValueError("This is an exception from __init__")
@@ -141,10 +138,6 @@ class Worker(Actor):
     @endpoint
     def check(self) -> str:
         return "this is a healthy check"
-
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()
 
     @endpoint
     def rank(self) -> int:
@@ -1023,7 +1016,9 @@ def test_rank_reported_once_even_when_its_process_dies_later(faults: FaultRecord
 
 # -- 3. the client's unhandled_fault_hook, in a child interpreter --------------------------------------
 
-SCRIPT_HEADER = """
+SCRIPT_HEADER = (
+    IMPORT_TEST_MODULES
+    + """
 import atexit, os, sys, time
 import monarch.actor
 from monarch.actor import Actor, endpoint, this_host
@@ -1040,6 +1035,7 @@ class Boom(Actor):
 
 atexit.register(lambda: print("ATEXIT-RAN", flush=True))
 """
+)
 
 
 def run_script(body: str, timeout: float = 40.0) -> subprocess.CompletedProcess[str]:
@@ -1203,10 +1199,7 @@ def test_raising_hook_is_called_once_then_client_exits_1() -> None:
 def test_workers_exit_when_the_client_is_killed() -> None:
     script = SCRIPT_HEADER + textwrap.dedent(
         """
-        class Pid(Actor):
-            @endpoint
-            def pid(self):
-                return os.getpid()
+        from actors import Pid
 
         pm = this_host().spawn_procs(per_host={"gpus": 2})
         pids = list(pm.spawn("orphans", Pid).pid.call().get(timeout=20).values())

@@ -10,12 +10,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import cloudpickle
 import pytest
 
 from monarch.actor import Actor, endpoint
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]
 MAGIC = b"MNRC"

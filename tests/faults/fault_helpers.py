@@ -9,19 +9,14 @@ import hmac
 import os
 import socket
 import struct
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import cloudpickle
 import msgpack
 import psutil
 
 from monarch.actor import Actor, endpoint, this_host
-
-# Workers do not have this folder on their path: the actors below travel by value.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 CHALLENGE_BYTES = 4 + 1 + 32
 

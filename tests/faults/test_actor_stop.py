@@ -9,21 +9,17 @@ holding more work than the cleanup bound, real worker processes and their stderr
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import cloudpickle
 import pytest
 from helpers import wait_until
 
 import monarch.actor
 from monarch._src.runtime.config import CONFIG
 from monarch.actor import Actor, ActorError, MeshFailure, SupervisionError, endpoint, this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,15 +9,11 @@ connection. A call that was waiting on A when the connection dropped fails with 
 from __future__ import annotations
 
 import asyncio
-import sys
 
-import cloudpickle
 import pytest
 from fault_helpers import Probe
 
 from monarch.actor import concurrent_endpoint, endpoint, this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class Dropper(Probe):

@@ -10,17 +10,13 @@ line about it, not a traceback per failed accept.
 from __future__ import annotations
 
 import socket
-import sys
 
-import cloudpickle
 import psutil
 import pytest
 from fault_helpers import Probe, Relay, socket_path, worker_log
 from helpers import wait_until
 
 from monarch.actor import this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 FLOOD = 5000
 

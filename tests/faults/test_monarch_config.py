@@ -13,7 +13,6 @@ import textwrap
 from dataclasses import fields
 from typing import Any
 
-import cloudpickle
 import pytest
 
 from monarch._src.runtime.config import OVERRIDES_ENV, RuntimeConfig
@@ -25,8 +24,6 @@ from monarch.config import (
     get_global_config,
     get_runtime_config,
 )
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 
-import cloudpickle
 import pytest
 from fault_helpers import Probe, Relay
 
 from monarch.actor import this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 BOUND_S = 2
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
-import sys
 
-import cloudpickle
 import numpy as np
 import pytest
 from helpers import wait_until
@@ -15,8 +13,6 @@ from helpers import wait_until
 import monarch.actor
 from monarch._src.actor.proc import runtime
 from monarch.actor import Actor, endpoint, this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MIB = 1 << 20
 KEPT = 4  # arrays of 4 MiB the worker keeps: their files stay lent to it

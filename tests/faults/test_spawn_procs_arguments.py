@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 
-import cloudpickle
 import pytest
+from actors import Pid
 
-from monarch.actor import Actor, endpoint, this_host
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
+from monarch.actor import this_host
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Pid(Actor):
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()
 
 
 def test_none_for_every_optional_argument_is_accepted() -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from helpers import alive, kill_leftovers, wait_while
 from launch_helpers import Scripts
 
 
@@ -22,22 +22,10 @@ def scripts(tmp_path: Path) -> Iterator[Scripts]:
     def leftovers() -> list[psutil.Process]:
         found = []
         for p in psutil.process_iter(["cmdline"]):
-            try:
-                if p.pid != os.getpid() and any(marker in c for c in (p.info["cmdline"] or [])):
-                    if p.status() != psutil.STATUS_ZOMBIE:
-                        found.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        return found
+            if p.pid != os.getpid() and any(marker in c for c in (p.info["cmdline"] or [])):
+                found.append(p)
+        return alive(found)
 
-    deadline = time.monotonic() + 10
-    left = leftovers()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = leftovers()
-    for p in left:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    left = wait_while(leftovers)
+    kill_leftovers(left)
     assert not left, f"processes left behind: {[(p.pid, p.info['cmdline']) for p in left]}"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import wait_until
+from helpers import alive, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = shutil.which("torchrun", path=os.path.dirname(sys.executable))
@@ -132,17 +132,6 @@ def workers_of(pid: int) -> list[psutil.Process]:
         ]
     except psutil.NoSuchProcess:
         return []
-
-
-def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 class Scripts:

@@ -579,6 +579,7 @@ def _last_exception_line(stderr: str) -> str:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_late_errors_match_real_torchrun(tmp_path: Path, torchrun: Any) -> None:
     torchrun_bin = Path(sys.executable).with_name("torchrun")
     if not torchrun_bin.exists():

@@ -19,7 +19,8 @@ import pytest
 from launch_helpers import REPO, TORCHRUN, Run, clean_env, free_port, monarch_launch, run_cmd, torchrun
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed")
+#: Every test here runs real torchrun and the launcher side by side: all are slow.
+pytestmark = [pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed"), pytest.mark.slow]
 
 ENV_AND_OUTPUT = """
 import json, os, sys

@@ -127,6 +127,7 @@ def test_launcher_does_not_import_torch(scripts, tmp_path):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_module_run_path_and_no_python(scripts, tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
@@ -193,6 +194,7 @@ def test_one_rank_failing_stops_the_others_with_torchrun_summary(scripts, tmp_pa
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_kill_grace_period_is_configurable(scripts):
     script = scripts.write(
         "stubborn.py",
@@ -215,6 +217,7 @@ def test_kill_grace_period_is_configurable(scripts):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_restarts_get_incremented_count_and_a_fresh_rendezvous(scripts, tmp_path):
     script = scripts.write(
         "flaky.py",
@@ -420,6 +423,7 @@ def test_sigusr1_prints_every_ranks_stack(scripts, tmp_path):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_hang_timeout_prints_stacks_when_nobody_prints(scripts):
     script = scripts.write(
         "quiet.py",

@@ -29,6 +29,7 @@ def _client(port: int, body: str, timeout: float = 60) -> str:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_torch_client_operations():
     with StoreServer("localhost", 0) as store:
         out = _client(
@@ -70,6 +71,7 @@ def test_torch_client_operations():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_a_waiting_client_is_woken_by_another():
     with StoreServer("127.0.0.1", 0) as store:
         waiter = subprocess.Popen(

@@ -427,6 +427,7 @@ def _kill_leftovers(out_dirs: list[Path]) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_environment_matches_real_torchrun(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     torchrun = Path(sys.executable).with_name("torchrun")
