@@ -19,6 +19,7 @@ from monarch._src.actor.future import Future, forbid_blocking
 from monarch._src.actor.port import Port, PortHandler
 from monarch._src.actor.proc import runtime
 from monarch._src.wire import payload
+from monarch._src.wire.protocol import message
 
 if TYPE_CHECKING:
     import inspect
@@ -30,7 +31,6 @@ R = TypeVar("R")
 Selection = Literal["all", "choose"]
 Propagator = Any
 
-MSG_KIND = 1
 _NO_EXTENT: list[Any] = [[], []]
 #: The payload of a call without arguments, pickled once.
 _NO_ARGS = payload.dumps(((), {}))
@@ -195,9 +195,7 @@ class ActorEndpoint(Generic[R]):
             port_spec = None
         key, name = mesh._key, self._name
         for rank, address in dests:
-            rt.send(
-                address, {"k": MSG_KIND, "d": key, "e": name, "p": port_spec, "r": rank, "x": extent}, bodies
-            )
+            rt.send(address, message(key, name, port_spec, rank, extent), bodies)
         return [a for _, a in dests]
 
     def _collect(

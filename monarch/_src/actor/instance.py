@@ -43,6 +43,19 @@ from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.point import Point
 from monarch._src.transport.cork import flush_corked
 from monarch._src.wire import payload
+from monarch._src.wire.protocol import (
+    ACTOR,
+    ADDRESSES,
+    BOOT,
+    CREATOR,
+    ENDPOINT,
+    EXTENT,
+    NAME,
+    OWNER,
+    RANK,
+    REPLY_PORT,
+    TIMEOUT,
+)
 
 if TYPE_CHECKING:
     import asyncio
@@ -240,11 +253,11 @@ class ActorInstance:
 
     def _not_run(self, header: dict, unrun: list[str]) -> None:
         """A message this actor will never run: a call fails its caller, a broadcast is listed."""
-        spec = header.get("p")
+        spec = header.get(REPLY_PORT)
         if spec:
-            Port(spec[0], spec[1], header.get("r")).exception(self._unavailable_error(header["e"]))
+            Port(spec[0], spec[1], header.get(RANK)).exception(self._unavailable_error(header[ENDPOINT]))
         else:
-            unrun.append(header["e"])
+            unrun.append(header[ENDPOINT])
 
     def _report_unrun(self, unrun: list[str]) -> None:
         """Tell the owner about broadcasts that reached this actor after it stopped."""
@@ -271,7 +284,7 @@ class ActorInstance:
                 if self._stop_now:
                     self._not_run(header, self._unrun)
                     continue
-                self._running, self._running_since = header["e"], time.monotonic()
+                self._running, self._running_since = header[ENDPOINT], time.monotonic()
                 self._handle_sync(header, bodies)
                 self._running = None
             elif kind == _INIT:
@@ -308,7 +321,7 @@ class ActorInstance:
                 if self._stop_now:
                     self._not_run(header, self._unrun)
                     continue
-                self._running, self._running_since = header["e"], time.monotonic()
+                self._running, self._running_since = header[ENDPOINT], time.monotonic()
                 await self._handle_async(header, bodies)
                 self._running = None
             elif kind == _INIT:
@@ -344,12 +357,12 @@ class ActorInstance:
         self, header: dict, bodies: list
     ) -> tuple[Callable[..., Any] | None, Any, Any, Port[Any] | None, bool]:
         """Decode a message; returns (function, args, kwargs, reply port, explicit_port)."""
-        labels, sizes = header["x"]
-        r = header["r"]
+        labels, sizes = header[EXTENT]
+        r = header[RANK]
         current_message_rank.set(point_of(r, labels, sizes) if labels else SINGLETON_POINT)
-        spec = header.get("p")
+        spec = header.get(REPLY_PORT)
         reply: Port[Any] | None = Port(spec[0], spec[1], r) if spec else None
-        name = header["e"]
+        name = header[ENDPOINT]
         if self.failure is not None or self.actor is None:
             if reply is not None:
                 reply.exception(self._unavailable_error(name))
@@ -387,30 +400,30 @@ class ActorInstance:
             if _is_awaitable(result):  # an async method reached through as_endpoint
                 result = _run_on_loop(result)
         except Exception as e:
-            self._endpoint_raised(header["e"], e, reply, explicit)
+            self._endpoint_raised(header[ENDPOINT], e, reply, explicit)
         except BaseException as e:
-            self._fail(e, f"endpoint {header['e']}")
+            self._fail(e, f"endpoint {header[ENDPOINT]}")
             if reply is not None:
-                reply.exception(self._unavailable_error(header["e"]))
+                reply.exception(self._unavailable_error(header[ENDPOINT]))
         else:
-            self._reply(reply, explicit, header["e"], result)
+            self._reply(reply, explicit, header[ENDPOINT], result)
 
     async def _handle_async(self, header: dict, bodies: list) -> None:
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)
         if fn is None:
             return
-        prop = self._endpoints.get(header["e"])
+        prop = self._endpoints.get(header[ENDPOINT])
         if prop is not None and prop._concurrent:
             import asyncio
 
             task = asyncio.get_running_loop().create_task(
-                self._run_async(fn, args, kwargs, reply, explicit, header["e"])
+                self._run_async(fn, args, kwargs, reply, explicit, header[ENDPOINT])
             )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             await asyncio.sleep(0)  # start-order guarantee: it runs until its first await
             return
-        run = self._run_async(fn, args, kwargs, reply, explicit, header["e"])
+        run = self._run_async(fn, args, kwargs, reply, explicit, header[ENDPOINT])
         del args, kwargs  # owned by the coroutine alone, which drops them before replying
         await run
 
@@ -564,10 +577,10 @@ class ActorInstance:
 
     def stop_overdue(self, header: dict, timeout: float) -> None:
         """The stop in ``header`` was not done within ``timeout``: tell its sender why, now."""
-        spec = header.pop("p", None)  # whoever pops it answers the stop: this, or _stopped
+        spec = header.pop(REPLY_PORT, None)  # whoever pops it answers the stop: this, or _stopped
         if not spec:
             return
-        port: Port[None] = Port(spec[0], spec[1], header.get("r"))
+        port: Port[None] = Port(spec[0], spec[1], header.get(RANK))
         if self.stopped:  # it stopped just now, before _stopped got to the answer
             port.send(None)
             return
@@ -622,10 +635,10 @@ class ActorInstance:
             this_proc_state.unregister_actor(self.key)
             unrun = self._unrun + self._reject_queued()
             actor_stopped(self, _unrun_report(str(self), unrun) if unrun else None)
-        spec = header.pop("p", None) if header else None  # None: stop_overdue answered already
+        spec = header.pop(REPLY_PORT, None) if header else None  # None: stop_overdue answered already
         if spec:
             assert header is not None  # spec came from it
-            ack: Port[None] = Port(spec[0], spec[1], header.get("r"))  # the stop is acknowledged, no value
+            ack: Port[None] = Port(spec[0], spec[1], header.get(RANK))  # the stop is acknowledged, no value
             ack.send(None)
         done = header.get("done") if header else None
         if done is not None:
@@ -673,28 +686,28 @@ async def _await(aw: Any) -> Any:
 
 def handle_spawn(header: dict, bodies: list) -> None:
     """Create the actor's mailbox now, so messages that follow the spawn find it."""
-    labels, sizes = header["x"]
-    creator = header.get("c")
+    labels, sizes = header[EXTENT]
+    creator = header.get(CREATOR)
     try:
         cls, args, kwargs = payload.loads(bodies)
         init: tuple = (cls, args, kwargs)
     except Exception as e:
         cls, init = None, (None, e, None)
     inst = ActorInstance(
-        key=header["d"],
-        name=header["n"],
+        key=header[ACTOR],
+        name=header[NAME],
         cls=cls,
-        rank=Point(header["r"], extent_of(labels, sizes)),
-        proc_addresses=tuple(header["a"]),
+        rank=Point(header[RANK], extent_of(labels, sizes)),
+        proc_addresses=tuple(header[ADDRESSES]),
         creator=CreatorInstance(*creator) if creator else None,
-        owner=tuple(header["o"]) if header.get("o") else None,  # type: ignore[arg-type]
+        owner=tuple(header[OWNER]) if header.get(OWNER) else None,  # type: ignore[arg-type]
     )
     inst.enqueue_init(init)
     with _early_lock:
         this_proc_state.register_actor(inst)
         if _early:
             _release_early(inst)
-    if header.get("boot"):
+    if header.get(BOOT):
         inst.start()  # the bootstrap actor is what the readiness gate waits for
     else:
         this_proc_state.when_proc_ready(inst.start)
@@ -715,7 +728,7 @@ _gone: collections.OrderedDict[str, tuple[Any, str, int, str, str]] = collection
 
 
 def handle_message(header: dict, bodies: list) -> None:
-    key = header["d"]
+    key = header[ACTOR]
     inst = this_proc_state.lookup(key)
     if inst is None and key in on_demand_actors:
         on_demand_actors[key]()
@@ -741,22 +754,22 @@ def handle_message(header: dict, bodies: list) -> None:
 def _reject(header: dict, why: str) -> None:
     """A message for an actor that is not here: the caller gets the error; for a broadcast,
     the owner of the stopped actor is told (one that never arrived has nobody to tell but the log)."""
-    spec = header.get("p")
-    what = f"no actor {header['d']} in process {os.getpid()} ({why})"
+    spec = header.get(REPLY_PORT)
+    what = f"no actor {header[ACTOR]} in process {os.getpid()} ({why})"
     if spec:
-        Port(spec[0], spec[1], header.get("r")).exception(
-            SupervisionError(f"Endpoint call {header['e']}() failed, {what}")
+        Port(spec[0], spec[1], header.get(RANK)).exception(
+            SupervisionError(f"Endpoint call {header[ENDPOINT]}() failed, {what}")
         )
         return
     from monarch._src.actor.supervision import report_stopped
 
-    gone = _gone.get(header["d"])
+    gone = _gone.get(header[ACTOR])
     if gone is None:
-        logger.error("a broadcast of endpoint %s() was not run: %s", header["e"], what)
-        sys.stderr.write(f"monarch: a broadcast of endpoint {header['e']}() was not run: {what}\n")
+        logger.error("a broadcast of endpoint %s() was not run: %s", header[ENDPOINT], what)
+        sys.stderr.write(f"monarch: a broadcast of endpoint {header[ENDPOINT]}() was not run: {what}\n")
         return
     owner, name, rank, description, _ = gone
-    report_stopped(owner, header["d"], name, rank, _unrun_report(description, [header["e"]]))
+    report_stopped(owner, header[ACTOR], name, rank, _unrun_report(description, [header[ENDPOINT]]))
 
 
 def _expire_early(key: str) -> None:
@@ -782,15 +795,15 @@ def _forget(inst: ActorInstance) -> None:
 def handle_stop_actor(header: dict, bodies: list) -> None:
     """Stop after the messages queued before this; past the sender's bound ("t" seconds) the
     sender is told what the actor is still running instead of waiting for it (runs on the loop)."""
-    inst = this_proc_state.lookup(header["d"])
+    inst = this_proc_state.lookup(header[ACTOR])
     if inst is None:
-        spec = header.get("p")
+        spec = header.get(REPLY_PORT)
         if spec:
-            ack: Port[None] = Port(spec[0], spec[1], header.get("r"))  # the stop is acknowledged, no value
+            ack: Port[None] = Port(spec[0], spec[1], header.get(RANK))  # the stop is acknowledged, no value
             ack.send(None)
         return
-    timeout = header.get("t")
-    if timeout is not None and header.get("p"):
+    timeout = header.get(TIMEOUT)
+    if timeout is not None and header.get(REPLY_PORT):
         runtime().loop.call_later(timeout, inst.stop_overdue, header, timeout)
     inst.put((_STOP, header, bodies))
 

@@ -38,6 +38,18 @@ from monarch._src.actor.log_aggregator import Aggregator
 from monarch._src.actor.port import Port, PortHandler
 from monarch._src.actor.proc import runtime
 from monarch._src.runtime.output_writer import stream_writer
+from monarch._src.wire.protocol import (
+    END_OF_STREAM,
+    LABEL,
+    LOG_MESH,
+    LOG_OPTIONS,
+    OPT_LEVEL,
+    OPT_STREAM,
+    PREFIX,
+    RANK,
+    REPLY_PORT,
+    STREAM,
+)
 
 logger = logging.getLogger("monarch.logging")
 
@@ -86,28 +98,28 @@ def _write_control(obj: dict) -> None:
 
 
 def apply_level(options: dict) -> None:
-    level = int(options.get("v", logging.INFO))
-    if options.get("s") and level > 0:
+    level = int(options.get(OPT_LEVEL, logging.INFO))
+    if options.get(OPT_STREAM) and level > 0:
         logging.disable(level - 1)
     else:
         logging.disable(logging.NOTSET)
 
 
 def handle_log_option(header: dict, bodies: list) -> None:
-    spec, rank, options = header["p"], header.get("r"), header["o"]
+    spec, rank, options = header[REPLY_PORT], header.get(RANK), header[LOG_OPTIONS]
     if not _captured:  # nobody reads this process's pipes (e.g. the client in its own mesh)
         _reply(spec, rank)
         return
     apply_level(options)
-    _write_control({"op": "opt", "p": spec, "r": rank, "o": options})
+    _write_control({"op": "opt", REPLY_PORT: spec, RANK: rank, LOG_OPTIONS: options})
 
 
 def handle_log_flush(header: dict, bodies: list) -> None:
-    spec, rank = header["p"], header.get("r")
+    spec, rank = header[REPLY_PORT], header.get(RANK)
     if not _captured:
         _reply(spec, rank)
         return
-    _write_control({"op": "flush", "p": spec, "r": rank})
+    _write_control({"op": "flush", REPLY_PORT: spec, RANK: rank})
 
 
 # -- the client's half ---------------------------------------------------------------------------
@@ -140,8 +152,8 @@ class _Acks(PortHandler):
         self.future._set_result(None)
 
 
-def ask_workers(addresses: list[str], kind: int, extra: Callable[[int], dict] | None = None) -> Future[None]:
-    """Send a ``kind`` request with a reply port to each address; resolves when all answered."""
+def ask_workers(addresses: list[str], header_of: Callable[[list, int], dict]) -> Future[None]:
+    """Send ``header_of(reply port, rank)`` to each address; resolves when all answered."""
     if not addresses:
         return Future._completed(None)
     rt = runtime()
@@ -149,10 +161,7 @@ def ask_workers(addresses: list[str], kind: int, extra: Callable[[int], dict] | 
     acks.expect_from(addresses)
     spec = [rt.address, acks.port_id]
     for i, address in enumerate(addresses):
-        header: dict[str, Any] = {"k": kind, "p": spec, "r": i}
-        if extra is not None:
-            header.update(extra(i))
-        rt.send(address, header, [])
+        rt.send(address, header_of(spec, i), [])
     return acks.future
 
 
@@ -236,11 +245,11 @@ def _write_out(out: dict[int, str]) -> None:
 
 def handle_log(header: dict, bodies: list) -> None:
     """A batch of complete lines from one worker stream (on the loop thread)."""
-    stream = 2 if header.get("s") == 2 else 1
-    prefix = header.get("x") or ""
-    label = header.get("l") or "a worker"
+    stream = 2 if header.get(STREAM) == 2 else 1
+    prefix = header.get(PREFIX) or ""
+    label = header.get(LABEL) or "a worker"
     text = bytes(bodies[0]).decode("utf-8", "replace") if bodies else ""
-    state = _meshes.get(header.get("m"))  # type: ignore[arg-type]
+    state = _meshes.get(header.get(LOG_MESH))  # type: ignore[arg-type]
     if text:
         if state is None or state.window is None:
             if prefix:
@@ -259,7 +268,7 @@ def handle_log(header: dict, bodies: list) -> None:
                 _close_window(state, None)
             elif arm:
                 _arm(state, gen, window)
-    if header.get("e") and state is not None:
+    if header.get(END_OF_STREAM) and state is not None:
         _close_window(state, None)  # a worker's stream ended (it exited): show its last lines
 
 

@@ -22,12 +22,10 @@ from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.future import Future
 from monarch._src.actor.proc import runtime
 from monarch._src.wire import payload
+from monarch._src.wire.protocol import FLAG_EXCEPTION, FLAGS, PORT_ID, RANK, port_value
 
 R = TypeVar("R")
 
-PORT_KIND = 3
-#: Header flag: the payload is an exception for the receiver to raise.
-FLAG_EXCEPTION = 1
 
 _port_ids = itertools.count(1)
 #: port id -> handler. Plain dict: single operations are atomic under the GIL.
@@ -111,10 +109,10 @@ def handler_of(port_id: int | None) -> PortHandler | None:
 
 
 def handle_port_frame(header: dict, bodies: list) -> None:
-    handler = _handlers.get(header["p"])
+    handler = _handlers.get(header[PORT_ID])
     if handler is None:
         return  # receiver gone (e.g. a `choose` reply after completion): nothing to do
-    is_exc = bool(header.get("f", 0) & FLAG_EXCEPTION)
+    is_exc = bool(header.get(FLAGS, 0) & FLAG_EXCEPTION)
     try:
         value = payload.loads(bodies)
     except Exception as e:
@@ -123,7 +121,7 @@ def handle_port_frame(header: dict, bodies: list) -> None:
             e, f"The reply to {handler.label}() carried {what} that could not be unpickled here."
         )
         is_exc = True
-    handler.deliver(header.get("r"), value, is_exc)
+    handler.deliver(header.get(RANK), value, is_exc)
 
 
 class Port(Generic[R]):
@@ -148,12 +146,7 @@ class Port(Generic[R]):
     def _post(self, obj: Any, flags: int) -> None:
         if self._port_id == 0:
             return  # a dropping port (no reply expected)
-        header: dict[str, Any] = {"k": PORT_KIND, "p": self._port_id}
-        if self._rank is not None:
-            header["r"] = self._rank
-        if flags:
-            header["f"] = flags
-        runtime().send(self._address, header, payload.dumps(obj))
+        runtime().send(self._address, port_value(self._port_id, self._rank, flags), payload.dumps(obj))
 
     def _with_rank(self, rank: int) -> Port[R]:
         return Port(self._address, self._port_id, rank, self._once)

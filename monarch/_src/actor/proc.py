@@ -20,19 +20,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("monarch.actor")
 
-MSG_KIND = 1
-SPAWN_KIND = 2
-PORT_KIND = 3
-STOP_ACTOR_KIND = 4
-STOP_PROC_KIND = 5
-SUPERVISION_KIND = 6
-#: Output lines forwarded by a spawner to the process that asked for them (log_forwarding).
-LOG_KIND = 7
-#: Ask a worker to write a flush marker on its stdout and stderr.
-LOG_FLUSH_KIND = 8
-#: ``ProcMesh.logging_option`` applied by one worker (and, through its pipes, its spawner).
-LOG_OPTION_KIND = 9
-
 #: actor key -> the actor living in this process.
 actors: dict[str, ActorInstance] = {}
 actors_lock = threading.Lock()
@@ -94,20 +81,21 @@ def _install(rt: Runtime) -> None:
     from monarch._src.actor import instance, log_forwarding, log_prefix, port, supervision, undelivered
     from monarch._src.actor.future import set_loop_thread_probe
     from monarch._src.runtime import framework_log
+    from monarch._src.wire import protocol
 
     if not _is_worker:
         framework_log.setup_client()  # a worker's bootstrap set up its own already
     log_prefix.install()
 
-    rt.register(MSG_KIND, instance.handle_message)
-    rt.register(SPAWN_KIND, instance.handle_spawn)
-    rt.register(PORT_KIND, port.handle_port_frame)
-    rt.register(STOP_ACTOR_KIND, instance.handle_stop_actor)
-    rt.register(STOP_PROC_KIND, instance.handle_stop_proc)
-    rt.register(SUPERVISION_KIND, supervision.handle_supervision_frame)
-    rt.register(LOG_KIND, log_forwarding.handle_log)
-    rt.register(LOG_FLUSH_KIND, log_forwarding.handle_log_flush)
-    rt.register(LOG_OPTION_KIND, log_forwarding.handle_log_option)
+    rt.register(protocol.MSG_KIND, instance.handle_message)
+    rt.register(protocol.SPAWN_KIND, instance.handle_spawn)
+    rt.register(protocol.PORT_KIND, port.handle_port_frame)
+    rt.register(protocol.STOP_ACTOR_KIND, instance.handle_stop_actor)
+    rt.register(protocol.STOP_PROC_KIND, instance.handle_stop_proc)
+    rt.register(protocol.SUPERVISION_KIND, supervision.handle_supervision_frame)
+    rt.register(protocol.LOG_KIND, log_forwarding.handle_log)
+    rt.register(protocol.LOG_FLUSH_KIND, log_forwarding.handle_log_flush)
+    rt.register(protocol.LOG_OPTION_KIND, log_forwarding.handle_log_option)
     rt.on_peer_lost(supervision.peer_lost)
     rt.on_undeliverable(undelivered.message_rejected)
     rt.on_frames_lost(undelivered.connection_lost)
@@ -177,10 +165,3 @@ def unregister_actor(key: str) -> None:
 def all_actors() -> list[ActorInstance]:
     with actors_lock:
         return list(actors.values())
-
-
-def send_control(address: str, kind: int, header: dict[str, Any], obj: Any = None) -> None:
-    from monarch._src.wire import payload
-
-    header["k"] = kind
-    runtime().send(address, header, payload.dumps(obj) if obj is not None else [])

@@ -16,11 +16,11 @@ from monarch._src.actor.context import context
 from monarch._src.actor.coroutines import is_coroutine
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.future import Future
-from monarch._src.actor.proc import SPAWN_KIND, STOP_ACTOR_KIND, lookup, runtime, set_proc_ready
+from monarch._src.actor.proc import lookup, runtime, set_proc_ready
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.mesh_trait import MeshTrait
 from monarch._src.mesh.shape import Shape
-from monarch._src.wire import payload
+from monarch._src.wire import payload, protocol
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ def stop_actors(key: str, addresses: list[str], label: str = "mesh") -> Future[N
     collector.expect_from(addresses)
     spec = [rt.address, collector.port_id]
     for i, address in enumerate(addresses):
-        rt.send(address, {"k": STOP_ACTOR_KIND, "d": key, "p": spec, "r": i, "t": timeout}, [])
+        rt.send(address, protocol.stop_actor(key, spec, i, timeout), [])
     if addresses:
         rt.loop_thread.call_soon(rt.loop.call_later, timeout + STOP_ANSWER_GRACE_S, collector.overdue)
     return collector.future
@@ -103,7 +103,7 @@ class ProcMesh(MeshTrait):
         return self._spawn_nocheck(name, Class, args, kwargs)  # type: ignore[return-value]
 
     def _spawn_nocheck(
-        self, name: str, Class: type, args: tuple, kwargs: dict, extra: dict | None = None
+        self, name: str, Class: type, args: tuple, kwargs: dict, boot: bool = False
     ) -> ActorMesh[Any]:
         key = f"{name}-{uuid.uuid4().hex[:12]}"
         addrs = tuple(self._proc_addresses())
@@ -117,18 +117,7 @@ class ProcMesh(MeshTrait):
         owner = [rt.address, spawner.key]
         supervision.record_spawn(spawner.key, key, name, addrs)
         for i, address in enumerate(addrs):
-            header = {
-                "k": SPAWN_KIND,
-                "d": key,
-                "n": name,
-                "r": i,
-                "x": wire_extent,
-                "a": addrs,
-                "c": creator_wire,
-                "o": owner,
-            }
-            if extra:
-                header.update(extra)
+            header = protocol.spawn(key, name, i, wire_extent, addrs, creator_wire, owner, boot)
             rt.send(address, header, bodies)
         mesh: ActorMesh[Any] = ActorMesh(Class, name, key, addrs, Shape.from_extent(ext))
         mesh._handles.keep = self._owner  # calls through it must still learn that its procs are gone
@@ -177,7 +166,6 @@ class ProcMesh(MeshTrait):
         line with the worker's rank, e.g. ``[gpus=1] ``. Returns once every worker applied it.
         """
         from monarch._src.actor import log_forwarding
-        from monarch._src.actor.proc import LOG_OPTION_KIND
         from monarch._src.mesh.point import Point
 
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 255:
@@ -201,13 +189,13 @@ class ProcMesh(MeshTrait):
         if stream:  # somewhere for the first lines to go before any worker sends them
             log_forwarding.prepare_client(mid, window)
 
-        def options(i: int) -> dict[str, Any]:
-            o: dict[str, Any] = {"s": stream, "d": rt.address, "m": mid, "v": level}
+        def header(reply: list, i: int) -> dict[str, Any]:
+            prefix = None
             if prefix_with_rank:
-                o["x"] = "[" + ",".join(f"{k}={v}" for k, v in Point(i, extent).items()) + "] "
-            return {"o": o}
+                prefix = "[" + ",".join(f"{k}={v}" for k, v in Point(i, extent).items()) + "] "
+            return protocol.log_option(reply, i, protocol.log_options(stream, rt.address, mid, level, prefix))
 
-        await log_forwarding.ask_workers(addresses, LOG_OPTION_KIND, options)
+        await log_forwarding.ask_workers(addresses, header)
         # Every worker's output up to the switch has arrived: apply the client's half.
         log_forwarding.set_client_options(mid, stream, window)
 
@@ -256,7 +244,7 @@ class _SetupActor(Actor):
 
 def run_bootstrap(mesh: ProcMesh, fn: Callable[[], Any]) -> Future[Any]:
     """Spawn the setup actor (exempt from the readiness gate); its reply is ``initialized``."""
-    setup = mesh._spawn_nocheck("setup", _SetupActor, (fn,), {}, extra={"boot": 1})
+    setup = mesh._spawn_nocheck("setup", _SetupActor, (fn,), {}, boot=True)
     done: Future[Any] = Future._new()
     setup.result.call()._add_done_callback(
         lambda f: done._set_exception(f._exc) if f._exc is not None else done._set_result(True)
@@ -309,14 +297,9 @@ def _start_registry() -> None:
             return
         address = runtime().address
         instance.handle_spawn(
-            {
-                "d": _REGISTRY_KEY,
-                "n": "controllers",
-                "r": 0,
-                "x": [[], []],
-                "a": (address,),
-                "c": ["root", "root", "<root>"],
-            },
+            protocol.spawn(
+                _REGISTRY_KEY, "controllers", 0, [[], []], (address,), ["root", "root", "<root>"], None
+            ),
             payload.dumps((_ControllerRegistry, (), {})),
         )
 

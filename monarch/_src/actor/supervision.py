@@ -23,7 +23,9 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from monarch._src.actor.errors import SupervisionError
-from monarch._src.actor.proc import SUPERVISION_KIND, lookup, runtime
+from monarch._src.actor.proc import lookup, runtime
+from monarch._src.wire import protocol
+from monarch._src.wire.protocol import ACTOR, MESH, NAME, RANK, REPORT, STOPPED
 
 if TYPE_CHECKING:
     from monarch._src.actor.instance import ActorInstance
@@ -234,28 +236,26 @@ def _notify(owner: Any, mesh_key: str, name: str, rank: int, report: str, stoppe
         if report != "stopped":
             sys.stderr.write(f"monarch: {report}\n")
         return
-    header = {"k": SUPERVISION_KIND, "d": owner[1], "m": mesh_key, "n": name, "r": rank, "t": report}
-    if stopped:
-        header["s"] = 1
     try:
-        runtime().send(owner[0], header, [])
+        runtime().send(owner[0], protocol.supervision(owner[1], mesh_key, name, rank, report, stopped), [])
     except Exception:
         logger.exception("could not report a failure to the owner at %s", owner[0])
         sys.stderr.write(f"monarch: {report}\n")
 
 
 def handle_supervision_frame(header: dict, bodies: list) -> None:
-    mesh_key, rank = header["m"], header["r"]
-    if header.get("s"):
+    mesh_key, rank = header[MESH], header[RANK]
+    if header.get(STOPPED):
         with _lock:
             owned = _owned.get(mesh_key)
             if owned is not None:
                 _rank_done(mesh_key, owned, rank)
-        if header["t"] != "stopped":  # it stopped without doing everything it was sent
-            logger.warning("%s", header["t"])
-            sys.stderr.write(f"monarch: {header['t']}\n")
+        report = header[REPORT]
+        if report != "stopped":  # it stopped without doing everything it was sent
+            logger.warning("%s", report)
+            sys.stderr.write(f"monarch: {report}\n")
         return
-    _deliver(mesh_key, rank, header["t"], header.get("n"), header.get("d"))
+    _deliver(mesh_key, rank, header[REPORT], header.get(NAME), header.get(ACTOR))
 
 
 def process_exited(address: str, how: str, expected: bool = False) -> None:

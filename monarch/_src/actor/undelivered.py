@@ -14,29 +14,30 @@ import logging
 from collections.abc import Callable
 
 from monarch._src.actor import port, supervision
-from monarch._src.actor.proc import MSG_KIND, PORT_KIND, lookup
+from monarch._src.actor.proc import lookup
+from monarch._src.wire.protocol import ACTOR, ENDPOINT, KIND, MSG_KIND, PORT_ID, PORT_KIND, RANK, REPLY_PORT
 
 logger = logging.getLogger("monarch.actor")
 
 
 def message_rejected(header: dict, error: BaseException) -> None:
     """(receiving process) ``header``'s message could not be delivered because of ``error``."""
-    kind = header.get("k")
+    kind = header.get(KIND)
     if kind == PORT_KIND:  # a reply to this very process: its receiver is here
-        handler = port.handler_of(header.get("p"))
+        handler = port.handler_of(header.get(PORT_ID))
         if handler is not None:
-            handler.deliver(header.get("r"), error, True)
+            handler.deliver(header.get(RANK), error, True)
         return
-    spec = header.get("p")
+    spec = header.get(REPLY_PORT)
     if isinstance(spec, list) and len(spec) == 2:
-        port.Port(spec[0], spec[1], header.get("r")).exception(error)
+        port.Port(spec[0], spec[1], header.get(RANK)).exception(error)
         return
-    inst = lookup(header.get("d")) if kind == MSG_KIND else None  # type: ignore[arg-type]
+    inst = lookup(header.get(ACTOR)) if kind == MSG_KIND else None  # type: ignore[arg-type]
     if inst is not None:
         supervision.actor_failed(
             inst,
             f"The actor {inst.name}[{inst.rank.rank}] could not receive a message for its endpoint "
-            f"{header.get('e')}(): {error}",
+            f"{header.get(ENDPOINT)}(): {error}",
         )
         return
     logger.error("dropped an undeliverable message of kind %r: %s", kind, error)

@@ -31,9 +31,19 @@ from typing import Any
 
 from monarch._src.actor.log_forwarding import CONTROL_MARK, ask_workers, flush_aggregators
 from monarch._src.actor.port import Port
-from monarch._src.actor.proc import LOG_FLUSH_KIND, LOG_KIND, runtime
+from monarch._src.actor.proc import runtime
 from monarch._src.runtime import output_writer
 from monarch._src.runtime.output_writer import stream_writer
+from monarch._src.wire import protocol
+from monarch._src.wire.protocol import (
+    LOG_OPTIONS,
+    OPT_DEST,
+    OPT_MESH,
+    OPT_PREFIX,
+    OPT_STREAM,
+    RANK,
+    REPLY_PORT,
+)
 
 logger = logging.getLogger("monarch.host.logs")
 
@@ -207,14 +217,15 @@ class OutputCapture:
     def _control(self, pipe: _Pipe, obj: dict) -> None:
         op = obj.get("op")
         if op == "opt":
-            options = obj.get("o") or {}
-            if options.get("s"):
-                pipe.dest, pipe.mid, pipe.prefix = options.get("d"), options.get("m"), options.get("x") or ""
+            options = obj.get(LOG_OPTIONS) or {}
+            if options.get(OPT_STREAM):
+                pipe.dest, pipe.mid = options.get(OPT_DEST), options.get(OPT_MESH)
+                pipe.prefix = options.get(OPT_PREFIX) or ""
             else:
                 pipe.dest, pipe.mid, pipe.prefix = None, None, ""
             if pipe.timer is None and pipe.partial and pipe.dest is None:
                 pipe.timer = self._rt.loop.call_later(PARTIAL_LINE_DELAY_S, self._show_partial, pipe)
-        token = (op, tuple(obj.get("p") or ()), obj.get("r"))
+        token = (op, tuple(obj.get(REPLY_PORT) or ()), obj.get(RANK))
         seen = self._controls.setdefault(token, set())
         seen.add(pipe.stream)
         self._complete_controls()
@@ -234,11 +245,7 @@ class OutputCapture:
 
     def _deliver(self, pipe: _Pipe, data: bytes, last: bool = False) -> None:
         if pipe.dest is not None:
-            header: dict[str, Any] = {"k": LOG_KIND, "m": pipe.mid, "s": pipe.stream, "l": self.label}
-            if pipe.prefix:
-                header["x"] = pipe.prefix
-            if last:
-                header["e"] = 1
+            header = protocol.log_lines(pipe.mid, pipe.stream, self.label, pipe.prefix, last)
             try:
                 self._rt.send(pipe.dest, header, [data])
                 return
@@ -346,7 +353,7 @@ def flush_barrier(addresses: list[str], timeout: float = FLUSH_BARRIER_TIMEOUT_S
     ok = True
     if addresses:
         done = threading.Event()
-        fut = ask_workers(addresses, LOG_FLUSH_KIND)
+        fut = ask_workers(addresses, protocol.log_flush)
         fut._add_done_callback(lambda _: done.set())
         ok = done.wait(timeout)
     flush_aggregators()

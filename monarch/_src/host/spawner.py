@@ -23,11 +23,12 @@ from monarch._src.actor import config as actor_config
 from monarch._src.actor import supervision
 from monarch._src.actor.future import Future
 from monarch._src.actor.log_forwarding import CAPTURE_ENV
-from monarch._src.actor.proc import STOP_PROC_KIND, runtime
+from monarch._src.actor.proc import runtime
 from monarch._src.host import log_capture
 from monarch._src.runtime import framework_log
 from monarch._src.runtime.bootstrap import BOOTSTRAP_ENV
 from monarch._src.runtime.runtime import ADDRESS_PREFIX, bind_unix_socket
+from monarch._src.wire.protocol import stop_proc
 
 logger = logging.getLogger("monarch.host")
 
@@ -311,7 +312,7 @@ class ProcGroup:
         for address, code in zip(self.addresses, self.returncodes):
             if code is None:
                 try:
-                    rt.send(address, {"k": STOP_PROC_KIND}, [])
+                    rt.send(address, stop_proc(), [])
                 except Exception:
                     pass
         result: Future[None] = Future._new()

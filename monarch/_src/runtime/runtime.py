@@ -13,7 +13,6 @@ per-sender FIFO guarantee.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import socket
@@ -28,7 +27,8 @@ from monarch._src.transport import auth
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
 from monarch._src.transport.outgoing import OutgoingConnection
-from monarch._src.wire.frame import FrameTooLargeError, encode_frame
+from monarch._src.wire.frame import encode_frame
+from monarch._src.wire.protocol import KIND, SHM_GIVE_BACK_KIND
 
 logger = logging.getLogger("monarch.runtime")
 
@@ -42,10 +42,6 @@ UndeliverableCallback = Callable[[dict, BaseException], None]
 FramesLostCallback = Callable[[str, BaseException], Callable[[], None]]
 
 ADDRESS_PREFIX = "unix:"
-
-#: Frame kind of "I no longer use these shared-memory files you lent me" (runtime-internal;
-#: the actor layer numbers its kinds below this).
-SHM_GIVE_BACK_KIND = 64
 
 
 def socket_path(address: str) -> str:
@@ -96,16 +92,12 @@ class Runtime:
         self._peer_lost: list[PeerLostCallback] = []
         self._undeliverable: list[UndeliverableCallback] = []
         self._frames_lost: list[FramesLostCallback] = []
-        self._send_pool = shm.SendPool(self.job_tag, CONFIG.shm_pool_bytes)
-        #: Lent files this process is done with, per lender, not yet told (see _give_back).
-        self._given_back: dict[str, list[str]] = {}
-        self._given_back_lock = threading.Lock()
-        self._handlers[SHM_GIVE_BACK_KIND] = self._given_back_to_us
-        self._trim_scheduled = False
-        self._peer_lost.append(lambda address, reason: self._send_pool.reclaim(address))
         self.closed = False
         self.loop_thread = LoopThread()
         self.loop = self.loop_thread.loop
+        self._shm = shm.Lending(self, CONFIG.shm_pool_bytes, CONFIG.shm_pool_idle_s)
+        self._handlers[SHM_GIVE_BACK_KIND] = self._shm.given_back_to_us
+        self._peer_lost.append(lambda address, reason: self._shm.reclaim(address))
         with Runtime._instance_lock:
             # Handlers, and this process's instance, must be in place before the first frame:
             # a handler asking for "the runtime" must never start a second one.
@@ -191,19 +183,19 @@ class Runtime:
                 logger.exception("reporting an undeliverable message failed")
 
     def dispatch(self, header: dict, bodies: list) -> None:
-        handler = self._handlers.get(header.get("k"))  # type: ignore[arg-type]
+        handler = self._handlers.get(header.get(KIND))  # type: ignore[arg-type]
         if handler is None:
-            logger.error("dropping frame of unknown kind %r", header.get("k"))
+            logger.error("dropping frame of unknown kind %r", header.get(KIND))
             return
         try:
             handler(header, bodies)
         except Exception:
-            logger.exception("handler for frame kind %r failed", header.get("k"))
+            logger.exception("handler for frame kind %r failed", header.get(KIND))
 
     def send(self, address: str, header: dict, bodies: list) -> None:
         """Deliver one message; callable from any thread. Raises FrameTooLargeError at once."""
-        if self._given_back:
-            self._flush_given_back()
+        if self._shm.given_back:
+            self._shm.flush_given_back()
         if address == self.address:
             # Handlers own the list they get (they may empty it), and out-of-band buffers alias
             # the sender's memory: copy both.
@@ -215,7 +207,7 @@ class Runtime:
                 "process exit); nothing more can be sent from it."
             )
         if len(bodies) > 1 and shm.available():
-            bodies = self._export_large_buffers(address, header, bodies)
+            bodies = self._shm.export(address, header, bodies)
         buffers = encode_frame(header, bodies, self.max_frame_bytes)
         conn = self._conns.get(address)
         if conn is None or conn.closed:
@@ -225,106 +217,23 @@ class Runtime:
         except ConnectionError as e:
             logger.debug("send to %s failed: %s", address, e)
 
-    def _export_large_buffers(self, address: str, header: dict, bodies: list) -> list:
-        """Move large out-of-band buffers to shared memory (same host).
-
-        header["shm"] lists the bodies that became file names; header["shml"] those of them
-        lent from this process's pool, as [index, size] pairs, and header["shmo"] says where
-        to give them back.
-        """
-        sizes = [memoryview(b).nbytes for b in bodies]
-        if max(sizes[1:]) < shm.THRESHOLD:
-            return bodies
-        if sum(sizes) > self.max_frame_bytes:  # the limit applies to the message, wherever it travels
-            raise FrameTooLargeError(sum(sizes), self.max_frame_bytes, "sending")
-        bodies = list(bodies)
-        moved, as_bytes, lent = [], [], []
-        for i in range(1, len(bodies)):
-            if sizes[i] >= shm.THRESHOLD:
-                was_bytes = type(memoryview(bodies[i]).obj) is bytes
-                name = self._send_pool.lend(bodies[i], address)
-                if name is not None:
-                    lent.append([i, sizes[i]])
-                else:
-                    name = shm.export(self.job_tag, bodies[i])
-                if name is not None:
-                    bodies[i] = name
-                    moved.append(i)
-                    if was_bytes:  # rebuilt as bytes: read it straight into a bytes object
-                        as_bytes.append(i)
-        if moved:
-            header["shm"] = moved
-        if as_bytes:
-            header["shmb"] = as_bytes
-        if lent:
-            header["shml"] = lent
-            header["shmo"] = self.address
-        return bodies
-
     def _receive(self, header: dict, bodies: list) -> None:
         """A frame from another process: map its shared-memory buffers, then route it."""
-        moved = header.get("shm")
-        if moved:
-            as_bytes = header.get("shmb") or ()
-            lent = dict(header.get("shml") or ())
-            lender = header.get("shmo")
-            try:
-                if lent and not isinstance(lender, str):
-                    raise ValueError("lent shared-memory buffers without a lender address")
-                for i in moved:
-                    name = bytes(bodies[i])
-                    if i in lent:
-                        give_back = functools.partial(self._give_back, str(lender), name.decode())
-                        bodies[i] = shm.borrow(name, lent[i], i in as_bytes, give_back)
-                    else:
-                        bodies[i] = shm.import_(name, as_bytes=i in as_bytes)
-            except (OSError, ValueError, TypeError, IndexError) as e:
-                logger.error("rejecting a message whose shared-memory buffer is unusable: %s", e)
-                self._reject(
-                    header,
-                    OSError(
-                        f"a shared-memory buffer of this message could not be mapped by the "
-                        f"receiving process (pid {os.getpid()}): {e}\n"
-                        "HINT: something removed the message's file from /dev/shm before it "
-                        "was received (a cleanup job, or a full /dev/shm); send it again."
-                    ),
-                )
-                return
+        try:
+            self._shm.receive(header, bodies)
+        except (OSError, ValueError, TypeError, IndexError) as e:
+            logger.error("rejecting a message whose shared-memory buffer is unusable: %s", e)
+            self._reject(
+                header,
+                OSError(
+                    f"a shared-memory buffer of this message could not be mapped by the "
+                    f"receiving process (pid {os.getpid()}): {e}\n"
+                    "HINT: something removed the message's file from /dev/shm before it "
+                    "was received (a cleanup job, or a full /dev/shm); send it again."
+                ),
+            )
+            return
         self.dispatch(header, bodies)
-
-    def _given_back_to_us(self, header: dict, bodies: list) -> None:
-        """(loop thread) A borrower is done with files we lent; unused ones are trimmed later."""
-        self._send_pool.give_back(header["n"])
-        if not self._trim_scheduled:
-            self._trim_scheduled = True
-            self.loop.call_later(CONFIG.shm_pool_idle_s, self._trim_pool)
-
-    def _trim_pool(self) -> None:
-        self._trim_scheduled = self._send_pool.trim(CONFIG.shm_pool_idle_s)
-        if self._trim_scheduled:
-            self.loop.call_later(CONFIG.shm_pool_idle_s, self._trim_pool)
-
-    def _give_back(self, lender: str, name: str) -> None:
-        """Queue the return of a lent file. It may run in any thread, even inside ``send``
-        (the last reference to a mapping can go anywhere), so it only queues; the queue goes
-        out before the next frame this process sends, which keeps "given back" ahead of the
-        reply that follows it, and from the loop soon after in any case."""
-        with self._given_back_lock:
-            self._given_back.setdefault(lender, []).append(name)
-        if not self.closed:
-            try:
-                self.loop_thread.call_soon(self._flush_given_back)
-            except RuntimeError:  # the loop is closed: this process is exiting
-                pass
-
-    def _flush_given_back(self) -> None:
-        with self._given_back_lock:
-            pending, self._given_back = self._given_back, {}
-        for lender, names in pending.items():
-            try:
-                self.send(lender, {"k": SHM_GIVE_BACK_KIND, "n": names}, [b""])
-            except Exception as e:  # the lender is gone, or we are: nothing to give back to
-                logger.debug("could not give shared-memory files back to %s: %s", lender, e)
 
     def _connect(self, address: str) -> OutgoingConnection:
         with self._conns_lock:
@@ -410,7 +319,7 @@ class Runtime:
             os.unlink(socket_path(self.address))
         except OSError:
             pass
-        self._send_pool.close()
+        self._shm.close()
         if self._owns_socket_dir:
             job_files.remove(self.socket_dir)
         # Runtime._instance keeps pointing here: late senders get a clear error, and never a
@@ -425,7 +334,7 @@ class Runtime:
             os.unlink(socket_path(self.address))
         except OSError:
             pass
-        self._send_pool.close()
+        self._shm.close()
         if self._job_lock is not None and job_files.last_to_leave(self._job_lock):
             job_files.remove(self.socket_dir)
 

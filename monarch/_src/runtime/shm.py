@@ -20,6 +20,7 @@ which would kill the process touching the missing page.
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -28,7 +29,20 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+from monarch._src.wire.frame import FrameTooLargeError
+from monarch._src.wire.protocol import (
+    FILE_NAMES,
+    SHM_AS_BYTES,
+    SHM_LENDER,
+    SHM_LENT,
+    SHM_MOVED,
+    shm_give_back,
+)
+
+if TYPE_CHECKING:
+    from monarch._src.runtime.runtime import Runtime
 
 T = TypeVar("T")
 
@@ -347,6 +361,122 @@ class SendPool:
                 self._discard(slot)
             self._free.clear()
             self._lent.clear()
+
+
+class Lending:
+    """The shared-memory half of one runtime's frames: large buffers of frames it sends go out
+    as files (lent from its ``SendPool`` where they fit), files in frames it receives are
+    mapped, and lent files it is done with go back to their lender (``SHM_GIVE_BACK_KIND``).
+
+    The header keys it reads and writes are the ``SHM_*`` keys of ``wire.protocol``.
+    """
+
+    def __init__(self, rt: Runtime, pool_bytes: int, pool_idle_s: float) -> None:
+        self._rt = rt
+        self._pool = SendPool(rt.job_tag, pool_bytes)
+        self._pool_idle_s = pool_idle_s
+        #: Lent files this process is done with, per lender, not yet told (see _give_back).
+        self.given_back: dict[str, list[str]] = {}
+        self._given_back_lock = threading.Lock()
+        self._trim_scheduled = False
+
+    def export(self, address: str, header: dict, bodies: list) -> list:
+        """Move large out-of-band buffers of a frame to ``address`` to shared memory (same host).
+
+        ``SHM_MOVED`` lists the bodies that became file names; ``SHM_LENT`` those of them lent
+        from this process's pool, as [index, size] pairs, and ``SHM_LENDER`` says where to give
+        them back.
+        """
+        sizes = [memoryview(b).nbytes for b in bodies]
+        if max(sizes[1:]) < THRESHOLD:
+            return bodies
+        limit = self._rt.max_frame_bytes
+        if sum(sizes) > limit:  # the limit applies to the message, wherever it travels
+            raise FrameTooLargeError(sum(sizes), limit, "sending")
+        bodies = list(bodies)
+        moved, as_bytes, lent = [], [], []
+        for i in range(1, len(bodies)):
+            if sizes[i] >= THRESHOLD:
+                was_bytes = type(memoryview(bodies[i]).obj) is bytes
+                name = self._pool.lend(bodies[i], address)
+                if name is not None:
+                    lent.append([i, sizes[i]])
+                else:
+                    name = export(self._rt.job_tag, bodies[i])
+                if name is not None:
+                    bodies[i] = name
+                    moved.append(i)
+                    if was_bytes:  # rebuilt as bytes: read it straight into a bytes object
+                        as_bytes.append(i)
+        if moved:
+            header[SHM_MOVED] = moved
+        if as_bytes:
+            header[SHM_AS_BYTES] = as_bytes
+        if lent:
+            header[SHM_LENT] = lent
+            header[SHM_LENDER] = self._rt.address
+        return bodies
+
+    def receive(self, header: dict, bodies: list) -> None:
+        """Replace the file names among a received frame's bodies by the files' contents.
+        Raises OSError, ValueError, TypeError or IndexError where a file is unusable."""
+        moved = header.get(SHM_MOVED)
+        if not moved:
+            return
+        as_bytes = header.get(SHM_AS_BYTES) or ()
+        lent = dict(header.get(SHM_LENT) or ())
+        lender = header.get(SHM_LENDER)
+        if lent and not isinstance(lender, str):
+            raise ValueError("lent shared-memory buffers without a lender address")
+        for i in moved:
+            name = bytes(bodies[i])
+            if i in lent:
+                give_back = functools.partial(self._give_back, str(lender), name.decode())
+                bodies[i] = borrow(name, lent[i], i in as_bytes, give_back)
+            else:
+                bodies[i] = import_(name, as_bytes=i in as_bytes)
+
+    def given_back_to_us(self, header: dict, bodies: list) -> None:
+        """(loop thread) A borrower is done with files we lent; unused ones are trimmed later."""
+        self._pool.give_back(header[FILE_NAMES])
+        if not self._trim_scheduled:
+            self._trim_scheduled = True
+            self._rt.loop.call_later(self._pool_idle_s, self._trim_pool)
+
+    def _trim_pool(self) -> None:
+        self._trim_scheduled = self._pool.trim(self._pool_idle_s)
+        if self._trim_scheduled:
+            self._rt.loop.call_later(self._pool_idle_s, self._trim_pool)
+
+    def _give_back(self, lender: str, name: str) -> None:
+        """Queue the return of a lent file. It may run in any thread, even inside ``send``
+        (the last reference to a mapping can go anywhere), so it only queues; the queue goes
+        out before the next frame this process sends, which keeps "given back" ahead of the
+        reply that follows it, and from the loop soon after in any case."""
+        with self._given_back_lock:
+            self.given_back.setdefault(lender, []).append(name)
+        if not self._rt.closed:
+            try:
+                self._rt.loop_thread.call_soon(self.flush_given_back)
+            except RuntimeError:  # the loop is closed: this process is exiting
+                pass
+
+    def flush_given_back(self) -> None:
+        """Tell each lender which of its files this process is done with."""
+        with self._given_back_lock:
+            pending, self.given_back = self.given_back, {}
+        for lender, names in pending.items():
+            try:
+                self._rt.send(lender, shm_give_back(names), [b""])
+            except Exception as e:  # the lender is gone, or we are: nothing to give back to
+                logger.debug("could not give shared-memory files back to %s: %s", lender, e)
+
+    def reclaim(self, borrower: str) -> None:
+        """``borrower`` is gone: see ``SendPool.reclaim``."""
+        self._pool.reclaim(borrower)
+
+    def close(self) -> None:
+        self._pool.close()
 
 
 def sweep(job_tag: str) -> None:

@@ -15,13 +15,13 @@ from typing import Any
 
 import msgpack
 
+from monarch._src.wire.protocol import BODY_LENGTHS
+
 PREFIX = struct.Struct("<I")
 PREFIX_SIZE = PREFIX.size
 
 #: Headers are tiny (ids, an endpoint name, a few ranks); anything bigger is malformed.
 MAX_HEADER_BYTES = 1 << 20
-
-BODY_LENGTHS = "b"
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 

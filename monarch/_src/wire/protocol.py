@@ -1,0 +1,234 @@
+"""The wire protocol: every frame kind, every header key, and one builder per kind.
+
+A frame header (see ``frame``) is a small msgpack map with one-letter keys, kept short because
+one travels with every message. This module is the only place that spells them: senders build
+headers with the builders below, receivers read them with the key constants. Some kinds are
+handled by upper layers only (actors, log forwarding); they are defined here as plain data so
+that every layer shares one table (docs/design.md, "Wire protocol", lists it).
+
+The builders run once per message, so they are plain functions returning dict displays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# -- frame kinds ------------------------------------------------------------------------------
+
+#: Call an endpoint of one actor.
+MSG_KIND = 1
+#: Create one actor of a new mesh in the receiving process.
+SPAWN_KIND = 2
+#: A value (or exception) sent to a port.
+PORT_KIND = 3
+#: Stop one actor; its reply port is told once it has.
+STOP_ACTOR_KIND = 4
+#: Ask a worker process to exit.
+STOP_PROC_KIND = 5
+#: An actor failed or stopped: told to the actor that owns its mesh.
+SUPERVISION_KIND = 6
+#: Output lines forwarded by a spawner to the process that asked for them.
+LOG_KIND = 7
+#: Ask a worker to write a flush marker on its stdout and stderr.
+LOG_FLUSH_KIND = 8
+#: ``ProcMesh.logging_option`` applied by one worker (and, through its pipes, its spawner).
+LOG_OPTION_KIND = 9
+#: "I no longer use these shared-memory files you lent me" (runtime-internal).
+SHM_GIVE_BACK_KIND = 64
+
+KINDS = (
+    MSG_KIND,
+    SPAWN_KIND,
+    PORT_KIND,
+    STOP_ACTOR_KIND,
+    STOP_PROC_KIND,
+    SUPERVISION_KIND,
+    LOG_KIND,
+    LOG_FLUSH_KIND,
+    LOG_OPTION_KIND,
+    SHM_GIVE_BACK_KIND,
+)
+
+# -- header keys ------------------------------------------------------------------------------
+# One letter may mean different things in different kinds; each meaning has its own name.
+
+#: Every frame: its kind.
+KIND = "k"
+#: Every frame: the byte length of each body (written by ``frame.encode_frame``).
+BODY_LENGTHS = "b"
+#: The actor a MSG, SPAWN or STOP_ACTOR frame is for; in SUPERVISION, the owning actor.
+ACTOR = "d"
+#: The endpoint a MSG frame calls.
+ENDPOINT = "e"
+#: Where the answer goes, ``[address, port id]`` (or None: no answer expected).
+REPLY_PORT = "p"
+#: In a PORT frame: the receiving port's id in the destination process.
+PORT_ID = "p"
+#: The sender's rank in the mesh it addressed (PORT: the rank the value is from).
+RANK = "r"
+#: The addressed mesh's extent, ``[labels, sizes]``.
+EXTENT = "x"
+#: The mesh's name (SPAWN, SUPERVISION).
+NAME = "n"
+#: SPAWN: the addresses of every process of the new mesh.
+ADDRESSES = "a"
+#: SPAWN: who spawns, ``[name, actor id, description]``.
+CREATOR = "c"
+#: SPAWN: the owning actor, ``[address, actor key]`` (supervision reports go there).
+OWNER = "o"
+#: SPAWN: the actor runs a mesh's bootstrap (``setup`` of ``spawn_procs``).
+BOOT = "boot"
+#: PORT: bit flags, see ``FLAG_EXCEPTION``.
+FLAGS = "f"
+#: STOP_ACTOR: seconds the actor has to stop.
+TIMEOUT = "t"
+#: SUPERVISION: what happened, for people.
+REPORT = "t"
+#: SUPERVISION: the failed or stopped actor's mesh key.
+MESH = "m"
+#: SUPERVISION: present when the actor stopped (rather than failed).
+STOPPED = "s"
+#: LOG: the client's id of the mesh the lines come from.
+LOG_MESH = "m"
+#: LOG: 1 for stdout, 2 for stderr.
+STREAM = "s"
+#: LOG: who wrote the lines, for messages about them.
+LABEL = "l"
+#: LOG: the prefix of each line (the worker's rank).
+PREFIX = "x"
+#: LOG: present when the worker's stream ended.
+END_OF_STREAM = "e"
+#: LOG_OPTION: the options, built by ``log_options``.
+LOG_OPTIONS = "o"
+#: SHM_GIVE_BACK: names of the files given back.
+FILE_NAMES = "n"
+#: Any frame sent between processes: indexes of the bodies that are shared-memory file names.
+SHM_MOVED = "shm"
+#: ... of those, the bodies to rebuild as ``bytes``.
+SHM_AS_BYTES = "shmb"
+#: ... of those, the files lent from the sender's pool, as ``[index, size]`` pairs.
+SHM_LENT = "shml"
+#: ... and the address to give them back to.
+SHM_LENDER = "shmo"
+
+#: PORT flag: the payload is an exception for the receiver to raise.
+FLAG_EXCEPTION = 1
+
+# Keys of the log options map (``LOG_OPTIONS``); a spawner reads them from a control line.
+#: Forward output to the client.
+OPT_STREAM = "s"
+#: The client's address.
+OPT_DEST = "d"
+#: The client's id of the mesh.
+OPT_MESH = "m"
+#: Logging records below this level are disabled in the worker.
+OPT_LEVEL = "v"
+#: Prefix of each forwarded line.
+OPT_PREFIX = "x"
+
+#: The header keys of each kind, besides ``KIND``, ``BODY_LENGTHS`` and the ``SHM_*`` keys.
+FIELDS: dict[int, tuple[str, ...]] = {
+    MSG_KIND: (ACTOR, ENDPOINT, REPLY_PORT, RANK, EXTENT),
+    SPAWN_KIND: (ACTOR, NAME, RANK, EXTENT, ADDRESSES, CREATOR, OWNER, BOOT),
+    PORT_KIND: (PORT_ID, RANK, FLAGS),
+    STOP_ACTOR_KIND: (ACTOR, REPLY_PORT, RANK, TIMEOUT),
+    STOP_PROC_KIND: (),
+    SUPERVISION_KIND: (ACTOR, MESH, NAME, RANK, REPORT, STOPPED),
+    LOG_KIND: (LOG_MESH, STREAM, LABEL, PREFIX, END_OF_STREAM),
+    LOG_FLUSH_KIND: (REPLY_PORT, RANK),
+    LOG_OPTION_KIND: (REPLY_PORT, RANK, LOG_OPTIONS),
+    SHM_GIVE_BACK_KIND: (FILE_NAMES,),
+}
+
+# -- builders -----------------------------------------------------------------------------------
+
+
+def message(actor: str, endpoint: str, reply: list | None, rank: int, extent: list) -> dict[str, Any]:
+    return {KIND: MSG_KIND, ACTOR: actor, ENDPOINT: endpoint, REPLY_PORT: reply, RANK: rank, EXTENT: extent}
+
+
+def spawn(
+    actor: str,
+    name: str,
+    rank: int,
+    extent: list,
+    addresses: tuple[str, ...],
+    creator: list,
+    owner: list | None,
+    boot: bool = False,
+) -> dict[str, Any]:
+    header = {
+        KIND: SPAWN_KIND,
+        ACTOR: actor,
+        NAME: name,
+        RANK: rank,
+        EXTENT: extent,
+        ADDRESSES: addresses,
+        CREATOR: creator,
+        OWNER: owner,
+    }
+    if boot:
+        header[BOOT] = 1
+    return header
+
+
+def port_value(port_id: int, rank: int | None, flags: int) -> dict[str, Any]:
+    header: dict[str, Any] = {KIND: PORT_KIND, PORT_ID: port_id}
+    if rank is not None:
+        header[RANK] = rank
+    if flags:
+        header[FLAGS] = flags
+    return header
+
+
+def stop_actor(actor: str, reply: list, rank: int, timeout: float) -> dict[str, Any]:
+    return {KIND: STOP_ACTOR_KIND, ACTOR: actor, REPLY_PORT: reply, RANK: rank, TIMEOUT: timeout}
+
+
+def stop_proc() -> dict[str, Any]:
+    return {KIND: STOP_PROC_KIND}
+
+
+def supervision(
+    owner_actor: str, mesh: str, name: str, rank: int, report: str, stopped: bool
+) -> dict[str, Any]:
+    header: dict[str, Any] = {
+        KIND: SUPERVISION_KIND,
+        ACTOR: owner_actor,
+        MESH: mesh,
+        NAME: name,
+        RANK: rank,
+        REPORT: report,
+    }
+    if stopped:
+        header[STOPPED] = 1
+    return header
+
+
+def log_lines(mesh: Any, stream: int, label: str, prefix: str, last: bool) -> dict[str, Any]:
+    header: dict[str, Any] = {KIND: LOG_KIND, LOG_MESH: mesh, STREAM: stream, LABEL: label}
+    if prefix:
+        header[PREFIX] = prefix
+    if last:
+        header[END_OF_STREAM] = 1
+    return header
+
+
+def log_flush(reply: list, rank: int) -> dict[str, Any]:
+    return {KIND: LOG_FLUSH_KIND, REPLY_PORT: reply, RANK: rank}
+
+
+def log_option(reply: list, rank: int, options: dict[str, Any]) -> dict[str, Any]:
+    return {KIND: LOG_OPTION_KIND, REPLY_PORT: reply, RANK: rank, LOG_OPTIONS: options}
+
+
+def log_options(stream: bool, dest: str, mesh: Any, level: int, prefix: str | None) -> dict[str, Any]:
+    """The ``LOG_OPTIONS`` of a LOG_OPTION frame."""
+    options: dict[str, Any] = {OPT_STREAM: stream, OPT_DEST: dest, OPT_MESH: mesh, OPT_LEVEL: level}
+    if prefix is not None:
+        options[OPT_PREFIX] = prefix
+    return options
+
+
+def shm_give_back(names: list[str]) -> dict[str, Any]:
+    return {KIND: SHM_GIVE_BACK_KIND, FILE_NAMES: names}
