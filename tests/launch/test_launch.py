@@ -342,21 +342,28 @@ def test_signals_are_forwarded_and_launcher_exits_1(scripts, tmp_path, sig):
 
 
 @pytest.mark.timeout(60)
-def test_shutdown_timeout_then_sigkill_and_custom_signal_list(scripts):
+def test_shutdown_timeout_then_sigkill_and_custom_signal_list(scripts, tmp_path):
     script = scripts.write(
         "deaf.py",
         """
-        import signal, time
+        import os, signal, sys, time
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-        print("ready", flush=True)
+        open(os.path.join(sys.argv[1], "deaf-" + os.environ["RANK"]), "w").close()
         time.sleep(60)
         """,
     )
     proc = start_launcher(
-        "--nproc-per-node", "2", "--signals-to-handle", "SIGUSR2", "--shutdown-timeout", "1", script
+        "--nproc-per-node",
+        "2",
+        "--signals-to-handle",
+        "SIGUSR2",
+        "--shutdown-timeout",
+        "1",
+        script,
+        str(tmp_path),
     )
     workers = _wait_ready(proc, 2)
-    time.sleep(0.5)  # let the scripts install their SIG_IGN (no observable event to wait for)
+    wait_until(lambda: len(list(tmp_path.glob("deaf-*"))) == 2, 30, "both ranks to ignore SIGUSR2")
     start = time.monotonic()
     os.kill(proc.pid, signal.SIGUSR2)
     out, err = proc.communicate(timeout=30)
