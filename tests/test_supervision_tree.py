@@ -31,7 +31,6 @@ from monarch.actor import (
     MeshFailure,
     Port,
     SupervisionError,
-    concurrent_endpoint,
     context,
     endpoint,
     this_host,
@@ -217,44 +216,6 @@ class WithCleanup(Actor):
 
     def __cleanup__(self, exc: Any) -> None:
         self.counter.incr.call_one().get(timeout=10)
-
-
-class AsyncWithCleanup(Actor):
-    """Its ``__cleanup__`` reports whether the running concurrent endpoint was cancelled first."""
-
-    def __init__(self, log: Any) -> None:
-        self.log = log
-        self.cancelled = False
-
-    @concurrent_endpoint
-    async def wait_forever(self) -> str:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.cancelled = True
-            raise
-        return "never"
-
-    @endpoint
-    async def check(self) -> str:
-        return "alive"
-
-    async def __cleanup__(self, exc: Any) -> None:
-        await self.log.add.call_one("task_cancelled" if self.cancelled else "task_still_running")
-        await self.log.add.call_one("cleanup")
-
-
-class Log(Actor):
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    @endpoint
-    def add(self, line: str) -> None:
-        self.lines.append(line)
-
-    @endpoint
-    def get(self) -> list[str]:
-        return list(self.lines)
 
 
 class Wrapper(Actor):
@@ -842,26 +803,6 @@ def test_async_supervise_on_sync_actor_propagates_falsy(procs: Any, faults: Faul
 # -- 5. lifecycle ---------------------------------------------------------------------------------
 
 
-def test_actor_mesh_stop_runs_cleanup_and_later_calls_fail(procs: Any, faults: FaultRecorder) -> None:
-    pm = procs(1)
-    counter = this_proc().spawn("cleanup_counter", Counter)
-    try:
-        sibling = pm.spawn("sibling", Worker)
-        mesh = pm.spawn("with_cleanup", WithCleanup, counter)
-        assert mesh.check.call_one().get(timeout=DEADLINE_S) == "alive"
-        for _ in range(3):
-            mesh.bump.broadcast()
-        mesh.stop().get(timeout=DEADLINE_S)
-        # The three messages sent before stop() were handled, then __cleanup__ ran once.
-        assert counter.value.call_one().get(timeout=DEADLINE_S) == 4
-        with pytest.raises(SupervisionError, match="stopped"):
-            mesh.check.call_one().get(timeout=DETECT_S)
-        assert sibling.check.call_one().get(timeout=DEADLINE_S) == "this is a healthy check"
-        assert faults.all() == []
-    finally:
-        counter.stop().get(timeout=DEADLINE_S)
-
-
 def test_proc_mesh_stop_runs_cleanup(faults: FaultRecorder) -> None:
     counter = this_proc().spawn("proc_stop_counter", Counter)
     pm = this_host().spawn_procs(per_host={"gpus": 2})
@@ -945,39 +886,6 @@ def test_abort_reports_the_reason(
     assert expected in f.report() and DESCENDANTS in f.report()
     with pytest.raises(SupervisionError, match=expected):
         mesh.check.call_one().get(timeout=DETECT_S)
-
-
-def test_stop_cancels_concurrent_endpoints_before_cleanup(procs: Any, faults: FaultRecorder) -> None:
-    pm = procs(1)
-    log = this_proc().spawn("cleanup_log", Log)
-    try:
-        mesh = pm.spawn("async_cleanup", AsyncWithCleanup, log)
-        pending = mesh.wait_forever.call_one()
-        assert mesh.check.call_one().get(timeout=DEADLINE_S) == "alive"
-        mesh.stop().get(timeout=DEADLINE_S)
-        # The caller of the cancelled endpoint is told, instead of waiting forever.
-        with pytest.raises(SupervisionError, match="wait_forever"):
-            pending.get(timeout=DEADLINE_S)
-        assert log.get.call_one().get(timeout=DEADLINE_S) == ["task_cancelled", "cleanup"]
-        assert faults.all() == []
-    finally:
-        log.stop().get(timeout=DEADLINE_S)
-
-
-def test_proc_mesh_stop_fails_a_call_stuck_on_a_busy_actor(faults: FaultRecorder) -> None:
-    pm = this_host().spawn_procs(per_host={"gpus": 1})
-    try:
-        mesh = pm.spawn("stuck", Worker)
-        started, busy = Channel[int].open()
-        pending = mesh.block.call_one(started)
-        assert busy.recv().get(timeout=DEADLINE_S) == 0
-        stopping = pm.stop()
-        # The actor never finishes its message: the process is ended anyway and the caller told.
-        with pytest.raises(SupervisionError, match="stuck.block"):
-            pending.get(timeout=DEADLINE_S)
-        stopping.get(timeout=DEADLINE_S)
-    finally:
-        pm.stop().get(timeout=DEADLINE_S)
 
 
 def test_stopping_an_owner_stops_the_meshes_it_owns(procs: Any, faults: FaultRecorder) -> None:
