@@ -50,18 +50,21 @@ def run_script(body: str, timeout: float = 40.0) -> subprocess.CompletedProcess[
     )
 
 
+def fail_unhandled_then_wait(mesh: str, message: str) -> str:
+    """Script lines that fail the one actor of ``mesh`` with nobody to handle it, then give the
+    hook 20 s to end the client before printing ``STILL-RUNNING``."""
+    return f"""
+pm = this_host().spawn_procs(per_host={{"gpus": 1}})
+pm.spawn({mesh!r}, Boom).boom.broadcast({message!r})
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+print("STILL-RUNNING", flush=True)
+"""
+
+
 def test_default_hook_ends_client_with_code_1_and_runs_atexit() -> None:
-    proc = run_script(
-        """
-        pm = this_host().spawn_procs(per_host={"gpus": 1})
-        m = pm.spawn("doomed_mesh", Boom)
-        m.boom.broadcast("nobody handles this")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-        print("STILL-RUNNING", flush=True)
-        """
-    )
+    proc = run_script(fail_unhandled_then_wait("doomed_mesh", "nobody handles this"))
     out, err = proc.stdout, proc.stderr
     assert proc.returncode == 1, (out, err)  # an uncaught Ctrl-C would die by SIGINT instead
     assert "STILL-RUNNING" not in out
@@ -163,21 +166,17 @@ def test_replaced_hook_called_once_per_fault_and_client_continues() -> None:
 
 def test_raising_hook_is_called_once_then_client_exits_1() -> None:
     proc = run_script(
-        """
-        calls = []
-        def hook(failure):
-            calls.append(failure.mesh_name)
-            raise RuntimeError("hook refuses")
-        monarch.actor.unhandled_fault_hook = hook
-        atexit.register(lambda: print("HOOK-CALLS", calls, flush=True))
-        pm = this_host().spawn_procs(per_host={"gpus": 1})
-        m = pm.spawn("raising_hook_mesh", Boom)
-        m.boom.broadcast("the hook raises")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-        print("STILL-RUNNING", flush=True)
-        """
+        textwrap.dedent(
+            """
+            calls = []
+            def hook(failure):
+                calls.append(failure.mesh_name)
+                raise RuntimeError("hook refuses")
+            monarch.actor.unhandled_fault_hook = hook
+            atexit.register(lambda: print("HOOK-CALLS", calls, flush=True))
+            """
+        )
+        + fail_unhandled_then_wait("raising_hook_mesh", "the hook raises")
     )
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert "HOOK-CALLS ['raising_hook_mesh']" in proc.stdout
