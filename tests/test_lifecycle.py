@@ -55,7 +55,8 @@ class WithCleanup(Actor):
 
 class Blocky(Actor):
     @endpoint
-    def block(self) -> None:
+    def block(self, started: Port[None]) -> None:
+        started.send(None)
         threading.Event().wait()
 
     @endpoint
@@ -125,7 +126,8 @@ def test_stop_cancels_concurrent_tasks_before_cleanup(procs1):
     assert m.ping.call_one().get(timeout=10) == "pong"
     m.stop().get(timeout=10)
     assert [receiver.recv().get(timeout=10) for _ in range(2)] == ["task_cancelled", "cleanup"]
-    with pytest.raises(SupervisionError):
+    # The caller of the cancelled endpoint is told, instead of waiting forever.
+    with pytest.raises(SupervisionError, match="wait_forever"):
         pending.get(timeout=10)
 
 
@@ -142,10 +144,14 @@ def test_actor_mesh_stop_is_idempotent(procs1):
 def test_proc_mesh_stop_fails_calls_in_flight(procs1):
     b = procs1.spawn("blocky", Blocky)
     assert b.ping.call_one().get(timeout=10) == "pong"
-    in_flight = b.block.call_one()
-    procs1.stop().get(timeout=20)
-    with pytest.raises(SupervisionError, match="stopped"):
+    started, busy = Channel[None].open()
+    in_flight = b.block.call_one(started)
+    busy.recv().get(timeout=10)
+    stopping = procs1.stop()
+    # The actor never finishes its message: the process is ended anyway and the caller told.
+    with pytest.raises(SupervisionError, match=r"blocky\.block\(\).*stopped"):
         in_flight.get(timeout=10)
+    assert stopping.get(timeout=20) is None
 
 
 def test_local_actor_stop():

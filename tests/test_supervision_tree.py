@@ -1,10 +1,10 @@
 """The supervision tree with real processes: no failure is silent, no call hangs.
 
 Each test spawns its own worker processes, triggers one kind of failure and checks what the
-caller, the owner of the failed mesh and the client's ``unhandled_fault_hook`` observe. Tests
-that run in this process replace the hook with a recorder (the ``faults`` fixture, restored
-after the meshes are stopped); everything about the default hook, exit codes and atexit runs a
-script in a child interpreter.
+caller, the owner of the failed mesh and the client's ``unhandled_fault_hook`` observe. The hook
+is replaced with a recorder (the ``faults`` fixture, restored after the meshes are stopped);
+what the default hook does to a client (exit code, KeyboardInterrupt, atexit) is in
+test_fault_hook.py, where each scenario runs in a child interpreter.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +21,7 @@ from typing import Any
 import actors
 import cloudpickle
 import pytest
-from helpers import IMPORT_TEST_MODULES, wait_gone, wait_until
+from helpers import wait_gone, wait_until
 
 import monarch.actor
 from monarch.actor import (
@@ -33,7 +31,6 @@ from monarch.actor import (
     MeshFailure,
     Port,
     SupervisionError,
-    concurrent_endpoint,
     context,
     endpoint,
     this_host,
@@ -219,44 +216,6 @@ class WithCleanup(Actor):
 
     def __cleanup__(self, exc: Any) -> None:
         self.counter.incr.call_one().get(timeout=10)
-
-
-class AsyncWithCleanup(Actor):
-    """Its ``__cleanup__`` reports whether the running concurrent endpoint was cancelled first."""
-
-    def __init__(self, log: Any) -> None:
-        self.log = log
-        self.cancelled = False
-
-    @concurrent_endpoint
-    async def wait_forever(self) -> str:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.cancelled = True
-            raise
-        return "never"
-
-    @endpoint
-    async def check(self) -> str:
-        return "alive"
-
-    async def __cleanup__(self, exc: Any) -> None:
-        await self.log.add.call_one("task_cancelled" if self.cancelled else "task_still_running")
-        await self.log.add.call_one("cleanup")
-
-
-class Log(Actor):
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    @endpoint
-    def add(self, line: str) -> None:
-        self.lines.append(line)
-
-    @endpoint
-    def get(self) -> list[str]:
-        return list(self.lines)
 
 
 class Wrapper(Actor):
@@ -844,26 +803,6 @@ def test_async_supervise_on_sync_actor_propagates_falsy(procs: Any, faults: Faul
 # -- 5. lifecycle ---------------------------------------------------------------------------------
 
 
-def test_actor_mesh_stop_runs_cleanup_and_later_calls_fail(procs: Any, faults: FaultRecorder) -> None:
-    pm = procs(1)
-    counter = this_proc().spawn("cleanup_counter", Counter)
-    try:
-        sibling = pm.spawn("sibling", Worker)
-        mesh = pm.spawn("with_cleanup", WithCleanup, counter)
-        assert mesh.check.call_one().get(timeout=DEADLINE_S) == "alive"
-        for _ in range(3):
-            mesh.bump.broadcast()
-        mesh.stop().get(timeout=DEADLINE_S)
-        # The three messages sent before stop() were handled, then __cleanup__ ran once.
-        assert counter.value.call_one().get(timeout=DEADLINE_S) == 4
-        with pytest.raises(SupervisionError, match="stopped"):
-            mesh.check.call_one().get(timeout=DETECT_S)
-        assert sibling.check.call_one().get(timeout=DEADLINE_S) == "this is a healthy check"
-        assert faults.all() == []
-    finally:
-        counter.stop().get(timeout=DEADLINE_S)
-
-
 def test_proc_mesh_stop_runs_cleanup(faults: FaultRecorder) -> None:
     counter = this_proc().spawn("proc_stop_counter", Counter)
     pm = this_host().spawn_procs(per_host={"gpus": 2})
@@ -949,39 +888,6 @@ def test_abort_reports_the_reason(
         mesh.check.call_one().get(timeout=DETECT_S)
 
 
-def test_stop_cancels_concurrent_endpoints_before_cleanup(procs: Any, faults: FaultRecorder) -> None:
-    pm = procs(1)
-    log = this_proc().spawn("cleanup_log", Log)
-    try:
-        mesh = pm.spawn("async_cleanup", AsyncWithCleanup, log)
-        pending = mesh.wait_forever.call_one()
-        assert mesh.check.call_one().get(timeout=DEADLINE_S) == "alive"
-        mesh.stop().get(timeout=DEADLINE_S)
-        # The caller of the cancelled endpoint is told, instead of waiting forever.
-        with pytest.raises(SupervisionError, match="wait_forever"):
-            pending.get(timeout=DEADLINE_S)
-        assert log.get.call_one().get(timeout=DEADLINE_S) == ["task_cancelled", "cleanup"]
-        assert faults.all() == []
-    finally:
-        log.stop().get(timeout=DEADLINE_S)
-
-
-def test_proc_mesh_stop_fails_a_call_stuck_on_a_busy_actor(faults: FaultRecorder) -> None:
-    pm = this_host().spawn_procs(per_host={"gpus": 1})
-    try:
-        mesh = pm.spawn("stuck", Worker)
-        started, busy = Channel[int].open()
-        pending = mesh.block.call_one(started)
-        assert busy.recv().get(timeout=DEADLINE_S) == 0
-        stopping = pm.stop()
-        # The actor never finishes its message: the process is ended anyway and the caller told.
-        with pytest.raises(SupervisionError, match="stuck.block"):
-            pending.get(timeout=DEADLINE_S)
-        stopping.get(timeout=DEADLINE_S)
-    finally:
-        pm.stop().get(timeout=DEADLINE_S)
-
-
 def test_stopping_an_owner_stops_the_meshes_it_owns(procs: Any, faults: FaultRecorder) -> None:
     pm = procs(1)
     counter = this_proc().spawn("wrapper_counter", Counter)
@@ -1012,211 +918,3 @@ def test_rank_reported_once_even_when_its_process_dies_later(faults: FaultRecord
         assert "first the actor fails" in f.report()
     finally:
         pm.stop().get(timeout=DEADLINE_S)
-
-
-# -- 3. the client's unhandled_fault_hook, in a child interpreter --------------------------------------
-
-SCRIPT_HEADER = (
-    IMPORT_TEST_MODULES
-    + """
-import atexit, os, sys, time
-import monarch.actor
-from monarch.actor import Actor, endpoint, this_host
-
-class Boom(Actor):
-    @endpoint
-    def boom(self, msg):
-        raise RuntimeError(msg)
-
-    @endpoint
-    def slow(self):
-        time.sleep(30)
-        return "slow done"
-
-atexit.register(lambda: print("ATEXIT-RAN", flush=True))
-"""
-)
-
-
-def run_script(body: str, timeout: float = 40.0) -> subprocess.CompletedProcess[str]:
-    code = SCRIPT_HEADER + textwrap.dedent(body)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env
-    )
-
-
-def test_default_hook_ends_client_with_code_1_and_runs_atexit() -> None:
-    proc = run_script(
-        """
-        pm = this_host().spawn_procs(per_host={"gpus": 1})
-        m = pm.spawn("doomed_mesh", Boom)
-        m.boom.broadcast("nobody handles this")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-        print("STILL-RUNNING", flush=True)
-        """
-    )
-    assert proc.returncode == 1, (proc.stdout, proc.stderr)
-    assert "STILL-RUNNING" not in proc.stdout
-    assert "ATEXIT-RAN" in proc.stdout
-    err = proc.stderr
-    assert "Unhandled monarch error on the root actor, hostname=" in err and "PID=" in err, err
-    assert "doomed_mesh" in err and "nobody handles this" in err and DESCENDANTS in err
-
-
-def test_default_hook_interrupts_a_client_blocked_in_get() -> None:
-    proc = run_script(
-        """
-        pm = this_host().spawn_procs(per_host={"gpus": 2})
-        healthy = pm.slice(gpus=0).spawn("healthy", Boom)
-        doomed = pm.slice(gpus=1).spawn("doomed", Boom)
-        fut = healthy.slow.call_one()
-        doomed.boom.broadcast("fails while the client waits")
-        print(fut.get(timeout=25), flush=True)
-        """
-    )
-    assert proc.returncode == 1, (proc.stdout, proc.stderr)
-    assert "slow done" not in proc.stdout and "ATEXIT-RAN" in proc.stdout
-    assert "fails while the client waits" in proc.stderr
-
-
-#: Counts the unhandled-failure reports the client writes to stderr, passing everything through.
-COUNT_REPORTS = """
-class CountReports:
-    def __init__(self, inner):
-        self.inner, self.reports = inner, 0
-    def write(self, text):
-        self.reports += text.count("Unhandled monarch error on the root actor")
-        return self.inner.write(text)
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-sys.stderr = CountReports(sys.stderr)
-"""
-
-
-def test_default_hook_interrupt_is_a_keyboard_interrupt_the_script_can_catch() -> None:
-    """The guide: the default hook "exits the process with a KeyboardInterrupt"; a script
-    catches it to shut down gracefully, and the second failure of the same incident does not
-    cut that cleanup short (only the first unhandled failure interrupts)."""
-    proc = run_script(
-        COUNT_REPORTS
-        + """
-pm = this_host().spawn_procs(per_host={"gpus": 3})
-healthy = pm.slice(gpus=0).spawn("healthy", Boom)
-doomed = pm.slice(gpus=slice(1, 3)).spawn("doomed", Boom)
-fut = healthy.slow.call_one()
-doomed.boom.broadcast("nobody handles this")
-try:
-    print(fut.get(timeout=25), flush=True)
-except KeyboardInterrupt as e:
-    print("CAUGHT", type(e).__name__, flush=True)
-    deadline = time.monotonic() + 15
-    while sys.stderr.reports < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    print("REPORTS", sys.stderr.reports, flush=True)
-    pm.stop().get(timeout=15)
-    print("CLEANUP-DONE", flush=True)
-"""
-    )
-    out, err = proc.stdout, proc.stderr
-    assert "CAUGHT UnhandledFaultInterrupt" in out, (out, err)
-    assert "slow done" not in out
-    assert "REPORTS 2" in out and "CLEANUP-DONE" in out, (out, err)
-    assert "ATEXIT-RAN" in out
-    # Catching the interrupt handled the failure: the script's own ending decides the status.
-    assert proc.returncode == 0, (out, err)
-    assert err.count("Unhandled monarch error on the root actor") == 2 and "nobody handles this" in err
-
-
-def test_uncaught_default_hook_interrupt_exits_1_not_by_sigint() -> None:
-    proc = run_script(
-        """
-        pm = this_host().spawn_procs(per_host={"gpus": 1})
-        pm.spawn("doomed", Boom).boom.broadcast("nobody catches this")
-        deadline = time.monotonic() + 25
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-        print("STILL-RUNNING", flush=True)
-        """
-    )
-    out, err = proc.stdout, proc.stderr
-    assert proc.returncode == 1, (out, err)  # an uncaught Ctrl-C would die by SIGINT instead
-    assert "STILL-RUNNING" not in out and "ATEXIT-RAN" in out
-    assert "UnhandledFaultInterrupt: unhandled monarch failure of mesh doomed" in err, err
-    assert "catch KeyboardInterrupt to shut down gracefully" in err and "nobody catches this" in err
-
-
-def test_replaced_hook_called_once_per_fault_and_client_continues() -> None:
-    proc = run_script(
-        """
-        import json, threading
-        calls = []
-        def hook(failure):
-            calls.append([failure.mesh_name, failure.crashed_ranks])
-        monarch.actor.unhandled_fault_hook = hook
-        pm = this_host().spawn_procs(per_host={"gpus": 2})
-        m = pm.spawn("two_ranks", Boom)
-        m.boom.broadcast("handled by the hook")
-        deadline = time.monotonic() + 10
-        while len(calls) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        pm.stop().get(timeout=10)
-        print("CALLS", json.dumps(sorted(calls)), flush=True)
-        """
-    )
-    assert proc.returncode == 0, (proc.stdout, proc.stderr)
-    assert 'CALLS [["two_ranks", [0]], ["two_ranks", [1]]]' in proc.stdout
-    assert "Unhandled monarch error" not in proc.stderr
-
-
-def test_raising_hook_is_called_once_then_client_exits_1() -> None:
-    proc = run_script(
-        """
-        calls = []
-        def hook(failure):
-            calls.append(failure.mesh_name)
-            raise RuntimeError("hook refuses")
-        monarch.actor.unhandled_fault_hook = hook
-        atexit.register(lambda: print("HOOK-CALLS", calls, flush=True))
-        pm = this_host().spawn_procs(per_host={"gpus": 1})
-        m = pm.spawn("raising_hook_mesh", Boom)
-        m.boom.broadcast("the hook raises")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-        print("STILL-RUNNING", flush=True)
-        """
-    )
-    assert proc.returncode == 1, (proc.stdout, proc.stderr)
-    assert "HOOK-CALLS ['raising_hook_mesh']" in proc.stdout
-    assert "STILL-RUNNING" not in proc.stdout and "ATEXIT-RAN" in proc.stdout
-    assert "Unhandled monarch error on the root actor" in proc.stderr and "the hook raises" in proc.stderr
-
-
-def test_workers_exit_when_the_client_is_killed() -> None:
-    script = SCRIPT_HEADER + textwrap.dedent(
-        """
-        from actors import Pid
-
-        pm = this_host().spawn_procs(per_host={"gpus": 2})
-        pids = list(pm.spawn("orphans", Pid).pid.call().get(timeout=20).values())
-        print("PIDS", *pids, flush=True)
-        time.sleep(60)
-        """
-    )
-    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        line = client.stdout.readline() if client.stdout else ""
-        assert line.startswith("PIDS"), line
-        pids = [int(p) for p in line.split()[1:]]
-        assert len(pids) == 2
-        client.kill()  # SIGKILL: no atexit, no shutdown_context
-        client.wait(timeout=10)
-        assert_gone(pids)
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait()
