@@ -233,7 +233,7 @@ def test_concurrent_endpoint_with_options_form():
         async def f(self, port) -> None:
             port.send(1)
 
-    assert Ok.f._explicit_response_port is True
+    assert Ok.f.explicit_response_port is True
 
 
 def test_async_endpoints_run_one_message_at_a_time(procs1):

@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 from monarch._src.actor import supervision
 from monarch._src.actor.actor import endpoint_table
 from monarch._src.actor.endpoint import ActorEndpoint, NotAnEndpoint
-from monarch._src.actor.future import Future
+from monarch._src.actor.future import Future, completed_future
 from monarch._src.mesh.mesh_trait import MeshTrait
 from monarch._src.mesh.shape import Shape
 
@@ -100,7 +100,7 @@ class ActorMesh(MeshTrait, Generic[T]):
     def initialized(self) -> Future[None]:
         """Resolves once the actors exist; already done, as messages sent before ``__init__`` ends wait in
         the mailbox."""
-        return Future._completed(None)
+        return completed_future(None)
 
     def __reduce__(self) -> Any:
         return (ActorMesh, (self._class, self._mesh_name, self._key, self._addresses, self._mesh_shape))
@@ -109,3 +109,9 @@ class ActorMesh(MeshTrait, Generic[T]):
         return (
             f"ActorMesh(class={self._class_name}, shape={self._mesh_shape.extent}, name={self._mesh_name!r})"
         )
+
+
+def keep_while_referenced(mesh: ActorMesh[Any], owner: Any) -> None:
+    """Keep ``owner`` (what runs the mesh's processes) alive while a handle to ``mesh`` exists:
+    calls through the handle must still learn that its processes are gone."""
+    mesh._handles.keep = owner

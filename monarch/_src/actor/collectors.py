@@ -12,7 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from monarch._src.actor.errors import SupervisionError
-from monarch._src.actor.future import Future
+from monarch._src.actor.future import (
+    Future,
+    add_done_callback,
+    outcome,
+    pending_future,
+    set_exception,
+    set_result,
+)
 from monarch._src.actor.port import PortHandler
 from monarch._src.mesh.shape import Shape
 from monarch._src.mesh.value_mesh import ValueMesh
@@ -22,27 +29,27 @@ class OnceCollector(PortHandler):
     """First reply wins (``call_one``, ``choose``)."""
 
     def __init__(self) -> None:
-        self.future: Future[Any] = Future._new()
+        self.future: Future[Any] = pending_future()
         self.open()
 
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
         self.close()
         self.stop_expecting()
         if is_exception:
-            self.future._set_exception(value)
+            set_exception(self.future, value)
         else:
-            self.future._set_result(value)
+            set_result(self.future, value)
 
     def fail(self, exc: BaseException) -> None:
         self.close()
-        self.future._set_exception(exc)
+        set_exception(self.future, exc)
 
 
 class GatherCollector(PortHandler):
     """One reply per rank of ``shape``, assembled into a ValueMesh (``call``)."""
 
     def __init__(self, shape: Shape, count: int) -> None:
-        self.future: Future[Any] = Future._new()
+        self.future: Future[Any] = pending_future()
         self._shape = shape
         self._values: list[Any] = [None] * count
         self._missing = count
@@ -52,7 +59,7 @@ class GatherCollector(PortHandler):
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
         if is_exception:
             self._finish()
-            self.future._set_exception(value)
+            set_exception(self.future, value)
             return
         with self._lock:
             self._values[rank] = value  # type: ignore[index]
@@ -60,11 +67,11 @@ class GatherCollector(PortHandler):
             complete = self._missing == 0
         if complete:
             self._finish()
-            self.future._set_result(ValueMesh(self._shape, self._values))
+            set_result(self.future, ValueMesh(self._shape, self._values))
 
     def fail(self, exc: BaseException) -> None:
         self.close()
-        self.future._set_exception(exc)
+        set_exception(self.future, exc)
 
     def _finish(self) -> None:
         self.close()
@@ -80,7 +87,7 @@ class StopCollector(PortHandler):
     """
 
     def __init__(self, count: int, mesh_name: str, timeout: float) -> None:
-        self.future: Future[None] = Future._new()
+        self.future: Future[None] = pending_future()
         self._mesh_name = mesh_name
         self._timeout = timeout
         self._pending = set(range(count))
@@ -89,7 +96,7 @@ class StopCollector(PortHandler):
         self.open()
         if count == 0:
             self.close()
-            self.future._set_result(None)
+            set_result(self.future, None)
 
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
         with self._lock:
@@ -122,18 +129,19 @@ class StopCollector(PortHandler):
         self.close()
         self.stop_expecting()
         if not self._problems:
-            self.future._set_result(None)
+            set_result(self.future, None)
             return
         ranks = sorted(self._problems)
         details = "\n".join(f"  rank {r}: {self._problems[r]}" for r in ranks)
-        self.future._set_exception(
+        set_exception(
+            self.future,
             SupervisionError(
                 f"ActorMesh.stop() of {self._mesh_name}: ranks {ranks} did not stop within "
                 f"{self._timeout:g} s:\n{details}\n"
                 "The mesh is marked stopped here (calls to it fail); those actors stop once "
                 "what they run returns.\nHINT: make the endpoint return (wait with a timeout, "
                 "or use @concurrent_endpoint), or raise MONARCH_ACTOR_STOP_TIMEOUT_S."
-            )
+            ),
         )
 
 
@@ -141,7 +149,7 @@ class StreamCollector(PortHandler):
     """``count`` futures resolved in the order replies arrive (``stream``)."""
 
     def __init__(self, count: int) -> None:
-        self.futures: list[Future[Any]] = [Future._new() for _ in range(count)]
+        self.futures: list[Future[Any]] = [pending_future() for _ in range(count)]
         self._next = 0
         self._lock = threading.Lock()
         self.open()
@@ -157,39 +165,40 @@ class StreamCollector(PortHandler):
             self.close()
             self.stop_expecting()
         if is_exception:
-            fut._set_exception(value)
+            set_exception(fut, value)
         else:
-            fut._set_result(value)
+            set_result(fut, value)
 
     def fail(self, exc: BaseException) -> None:
         self.close()
         with self._lock:
             pending, self._next = self.futures[self._next :], len(self.futures)
         for f in pending:
-            f._set_exception(exc)
+            set_exception(f, exc)
 
 
 def fold_stream(futures: list[Future[Any]], identity: Any, combine: Callable[[Any, Any], Any]) -> Future[Any]:
     """Left fold of a stream's futures, in arrival order, into one Future (``Accumulator``)."""
-    result: Future[Any] = Future._new()
+    result: Future[Any] = pending_future()
     state = {"i": 0, "acc": identity}
 
     def advance(_: Any = None) -> None:
         while state["i"] < len(futures):
             f = futures[state["i"]]
             if not f.done():
-                f._add_done_callback(advance)
+                add_done_callback(f, advance)
                 return
-            if f._exc is not None:
-                result._set_exception(f._exc)
+            value, exc = outcome(f)
+            if exc is not None:
+                set_exception(result, exc)
                 return
             try:
-                state["acc"] = combine(state["acc"], f._value)
+                state["acc"] = combine(state["acc"], value)
             except Exception as e:
-                result._set_exception(e)
+                set_exception(result, e)
                 return
             state["i"] += 1
-        result._set_result(state["acc"])
+        set_result(result, state["acc"])
 
     advance()
     return result

@@ -47,11 +47,12 @@ class EndpointProperty(Generic[R]):
         instrument: bool = True,
         concurrent: bool = False,
     ) -> None:
-        self._method = method
+        #: The decorated function; dispatch calls it (with ``explicit_response_port``, a port first).
+        self.method = method
         self._propagator = propagate
-        self._explicit_response_port = explicit_response_port
+        self.explicit_response_port = explicit_response_port
         self._instrument = instrument
-        self._concurrent = concurrent
+        self.concurrent = concurrent
         self.is_async = is_coroutine_function(method)
         self._signature: inspect.Signature | None = None
         #: (min, max) positional count when the signature is plain, to check without bind().
@@ -62,7 +63,7 @@ class EndpointProperty(Generic[R]):
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
             return self
-        return self._method.__get__(obj, objtype)
+        return self.method.__get__(obj, objtype)
 
     def check_args(self, args: tuple, kwargs: dict) -> None:
         """Raise TypeError at the call site if the arguments do not fit the method."""
@@ -74,16 +75,16 @@ class EndpointProperty(Generic[R]):
             import inspect
 
             try:
-                sig = self._signature = inspect.signature(self._method)
+                sig = self._signature = inspect.signature(self.method)
             except (TypeError, ValueError):
                 return
-            self._arity = _plain_arity(sig, 2 if self._explicit_response_port else 1)
-        lead = (None, None) if self._explicit_response_port else (None,)
+            self._arity = _plain_arity(sig, 2 if self.explicit_response_port else 1)
+        lead = (None, None) if self.explicit_response_port else (None,)
         try:
             sig.bind(*lead, *args, **kwargs)
         except TypeError as e:
             raise TypeError(
-                f"wrong arguments for endpoint {self.__name__}{_public_signature(sig, self._explicit_response_port)}: {e}"
+                f"wrong arguments for endpoint {self.__name__}{_public_signature(sig, self.explicit_response_port)}: {e}"
             ) from None
 
 

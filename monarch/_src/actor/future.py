@@ -72,7 +72,7 @@ class Future(Generic[R]):
 
     __slots__ = ("_state", "_value", "_exc", "_lock", "_waiters", "_callbacks", "__weakref__")
 
-    # Declared here because ``_new`` (not ``__init__``) sets them, skipping ``__init__`` for speed.
+    # Declared here because ``pending_future`` sets them, skipping ``__init__`` for speed.
     _state: int  # _PENDING or _DONE
     _value: R | None  # the result once done without an exception
     _exc: BaseException | None
@@ -85,62 +85,7 @@ class Future(Generic[R]):
             "Future objects are returned by Monarch operations and cannot be constructed directly."
         )
 
-    @classmethod
-    def _new(cls) -> Future[R]:
-        self = object.__new__(cls)
-        self._state = _PENDING
-        self._value = None
-        self._exc = None
-        self._lock = threading.Lock()
-        self._waiters = None
-        self._callbacks = None
-        return self
-
-    @classmethod
-    def _completed(cls, value: R) -> Future[R]:
-        f: Future[R] = cls._new()
-        f._state, f._value = _DONE, value
-        return f
-
-    @classmethod
-    def _failed(cls, exc: BaseException) -> Future[R]:
-        f: Future[R] = cls._new()
-        f._state, f._exc = _DONE, exc
-        return f
-
-    @classmethod
-    def _from_coro(cls, coro: Any) -> Future[R]:
-        """Run ``coro`` on the runtime loop; the future resolves with its outcome."""
-        import asyncio
-
-        from monarch._src.actor.proc import runtime
-
-        f: Future[R] = cls._new()
-        rt = runtime()
-
-        def start() -> None:
-            task = rt.loop.create_task(coro)
-
-            def done(t: asyncio.Task[Any]) -> None:
-                if t.cancelled():
-                    f._set_exception(asyncio.CancelledError())
-                elif t.exception() is not None:
-                    f._set_exception(t.exception())  # type: ignore[arg-type]
-                else:
-                    f._set_result(t.result())
-
-            task.add_done_callback(done)
-
-        rt.loop_thread.call_soon(start)
-        return f
-
-    # -- completion (any thread) ----------------------------------------------------------------
-
-    def _set_result(self, value: Any) -> bool:
-        return self._finish(value, None)
-
-    def _set_exception(self, exc: BaseException) -> bool:
-        return self._finish(None, exc)
+    # -- completion (any thread; reached through the module functions below) ------------------
 
     def _finish(self, value: Any, exc: BaseException | None) -> bool:
         with self._lock:
@@ -156,16 +101,6 @@ class Future(Generic[R]):
             for cb in callbacks:
                 cb(self)
         return True
-
-    def _add_done_callback(self, cb: Callable[[Future[R]], None]) -> None:
-        """Call ``cb(self)`` once done, on whichever thread completes it (now if done)."""
-        with self._lock:
-            if self._state != _DONE:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(cb)
-                return
-        cb(self)
 
     def done(self) -> bool:
         """Whether the outcome is in, so that ``get()`` returns or raises without blocking."""
@@ -270,7 +205,7 @@ class Future(Generic[R]):
                 except RuntimeError:  # the awaiting loop has closed
                     pass
 
-        self._add_done_callback(on_done)
+        add_done_callback(self, on_done)
         return afut
 
     def __await__(self) -> Generator[Any, None, R]:
@@ -300,3 +235,64 @@ def _copy_outcome(f: Future[Any], afut: asyncio.Future[Any]) -> None:
         afut.set_exception(f._exc)
     else:
         afut.set_result(f._value)
+
+
+# -- the internal API: how the runtime makes and resolves futures ---------------------------------
+#
+# ``Future`` is public, and users must not be able to resolve one, so what the runtime's layers
+# (collectors, ports, the spawner, the launcher) need lives here as module functions instead of
+# methods: a producer makes a ``pending_future()``, hands it out, and later resolves it once with
+# ``set_result`` or ``set_exception`` (from any thread). Each function is one call, as a method
+# would be: resolution is on the path of every message.
+
+
+def pending_future() -> Future[Any]:
+    """A future with no outcome yet, for a producer to resolve with ``set_result``/``set_exception``."""
+    f: Future[Any] = object.__new__(Future)
+    f._state = _PENDING
+    f._value = None
+    f._exc = None
+    f._lock = threading.Lock()
+    f._waiters = None
+    f._callbacks = None
+    return f
+
+
+def completed_future(value: R) -> Future[R]:
+    """A future that already holds ``value``."""
+    f = pending_future()
+    f._state, f._value = _DONE, value
+    return f
+
+
+def failed_future(exc: BaseException) -> Future[Any]:
+    """A future that already failed with ``exc``."""
+    f = pending_future()
+    f._state, f._exc = _DONE, exc
+    return f
+
+
+def set_result(future: Future[R], value: R) -> bool:
+    """Resolve ``future`` with ``value``; False (and no change) if it was already resolved."""
+    return future._finish(value, None)
+
+
+def set_exception(future: Future[Any], exc: BaseException) -> bool:
+    """Fail ``future`` with ``exc``; False (and no change) if it was already resolved."""
+    return future._finish(None, exc)
+
+
+def add_done_callback(future: Future[R], cb: Callable[[Future[R]], None]) -> None:
+    """Call ``cb(future)`` once it is resolved, on whichever thread resolves it (now if it is)."""
+    with future._lock:
+        if future._state != _DONE:
+            if future._callbacks is None:
+                future._callbacks = []
+            future._callbacks.append(cb)
+            return
+    cb(future)
+
+
+def outcome(future: Future[R]) -> tuple[R | None, BaseException | None]:
+    """``(value, None)`` or ``(None, exception)`` of a resolved ``future``, without raising."""
+    return future._value, future._exc

@@ -154,9 +154,9 @@ class ActorInstance:
     @property
     def proc_mesh(self) -> Any:
         """A reference to the process mesh this actor was spawned on, to spawn siblings beside it."""
-        from monarch._src.actor.proc_mesh import ProcMesh
+        from monarch._src.actor.proc_mesh import proc_mesh_reference
 
-        return ProcMesh._reference(
+        return proc_mesh_reference(
             self._proc_addresses, Extent(self.rank.extent.labels, self.rank.extent.sizes)
         )
 
@@ -372,7 +372,7 @@ class ActorInstance:
             args, kwargs = payload.loads(bodies)
             bodies.clear()  # the arguments own their buffers now; see _handle_sync
             if prop is not None:
-                fn, explicit = prop._method, prop._explicit_response_port
+                fn, explicit = prop.method, prop.explicit_response_port
             else:
                 fn, explicit = getattr(type(self.actor), name), False
         except Exception as e:
@@ -413,7 +413,7 @@ class ActorInstance:
         if fn is None:
             return
         prop = self._endpoints.get(header[ENDPOINT])
-        if prop is not None and prop._concurrent:
+        if prop is not None and prop.concurrent:
             import asyncio
 
             task = asyncio.get_running_loop().create_task(

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from monarch._src.actor.future import Future
+from monarch._src.actor.future import Future, completed_future, pending_future, set_result
 from monarch._src.actor.log_aggregator import Aggregator
 from monarch._src.actor.port import Port, PortHandler
 from monarch._src.actor.proc import runtime
@@ -131,7 +131,7 @@ class _Acks(PortHandler):
     label = "logging"
 
     def __init__(self, count: int) -> None:
-        self.future: Future[None] = Future._new()
+        self.future: Future[None] = pending_future()
         self._left = count
         self._lock = threading.Lock()
         self.open()
@@ -149,13 +149,13 @@ class _Acks(PortHandler):
     def _finish(self) -> None:
         self.close()
         self.stop_expecting()
-        self.future._set_result(None)
+        set_result(self.future, None)
 
 
 def ask_workers(addresses: list[str], header_of: Callable[[list, int], dict]) -> Future[None]:
     """Send ``header_of(reply port, rank)`` to each address; resolves when all answered."""
     if not addresses:
-        return Future._completed(None)
+        return completed_future(None)
     rt = runtime()
     acks = _Acks(len(addresses))
     acks.expect_from(addresses)

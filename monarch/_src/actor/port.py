@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from monarch._src.actor import supervision
 from monarch._src.actor.errors import ActorError, SupervisionError
-from monarch._src.actor.future import Future
+from monarch._src.actor.future import Future, pending_future, set_exception, set_result
 from monarch._src.actor.proc import runtime
 from monarch._src.wire import payload
 from monarch._src.wire.protocol import FLAG_EXCEPTION, FLAGS, PORT_ID, RANK, port_value
@@ -197,7 +197,7 @@ class PortReceiver(PortHandler, Generic[R]):
             self._failure = exc
             waiters, self._waiters = self._waiters, collections.deque()
         for fut in waiters:
-            fut._set_exception(exc)
+            set_exception(fut, exc)
 
     def expect_from(self, addresses: Iterable[str]) -> None:
         """Add ``addresses`` to the processes whose death fails this receiver (it may wait on several)."""
@@ -205,20 +205,20 @@ class PortReceiver(PortHandler, Generic[R]):
 
     def _resolve(self, fut: Future[Any], rank: int | None, value: Any, is_exception: bool) -> None:
         if is_exception:
-            fut._set_exception(value)
+            set_exception(fut, value)
         elif self._ranked:
-            fut._set_result((rank, value))
+            set_result(fut, (rank, value))
         else:
-            fut._set_result(value)
+            set_result(fut, value)
 
     def recv(self) -> Future[R]:
         """A Future of the next message, in the order sent; it raises what the sender passed to
         ``Port.exception``, or a ``SupervisionError`` if a process expected to send has died."""
-        fut: Future[R] = Future._new()
+        fut: Future[R] = pending_future()
         with self._lock:
             if not self._values:
                 if self._failure is not None:
-                    fut._set_exception(self._failure)
+                    set_exception(fut, self._failure)
                 else:
                     self._waiters.append(fut)
                 return fut

@@ -10,12 +10,20 @@ from typing import Any, Protocol, TypeVar
 
 from monarch._src.actor import supervision
 from monarch._src.actor.actor import Actor, validate_actor_class
-from monarch._src.actor.actor_mesh import ActorMesh
+from monarch._src.actor.actor_mesh import ActorMesh, keep_while_referenced
 from monarch._src.actor.collectors import StopCollector
 from monarch._src.actor.context import context
 from monarch._src.actor.coroutines import is_coroutine
 from monarch._src.actor.endpoint import endpoint
-from monarch._src.actor.future import Future
+from monarch._src.actor.future import (
+    Future,
+    add_done_callback,
+    completed_future,
+    outcome,
+    pending_future,
+    set_exception,
+    set_result,
+)
 from monarch._src.actor.proc import lookup, runtime, set_proc_ready
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.mesh_trait import MeshTrait
@@ -31,12 +39,41 @@ local_host_mesh_factory: Callable[[], Any] | None = None
 
 
 class ProcOwner(Protocol):
-    """What owns the OS processes of a ProcMesh (the host layer's process group)."""
+    """What owns the OS processes of a ProcMesh (the host layer's process group).
+
+    The mesh layer only stops its processes; a supervisor of processes (the launcher) also
+    needs their pids, their exit statuses as they happen, and a hard kill: all of it through
+    this protocol, so that it never depends on how the host layer keeps its processes.
+    """
 
     def stop(self, reason: str) -> Future[None]: ...
 
     @property
     def stopped(self) -> bool: ...
+
+    @property
+    def pids(self) -> list[int]:
+        """The OS pid of each process, by rank (0 for one that never started)."""
+        ...
+
+    def watch_exits(self, on_exit: Callable[[int, int], None]) -> None:
+        """Call ``on_exit(rank, exit_code)`` for each process as it exits (at once for those
+        already gone), on the runtime's loop thread; a rank may be reported twice."""
+        ...
+
+    def kill(self) -> None:
+        """SIGKILL every process still running (and anything still forking them)."""
+        ...
+
+
+def proc_mesh_reference(addresses: tuple[str, ...], extent: Extent) -> ProcMesh:
+    """A mesh of processes owned elsewhere (it can spawn, not stop), e.g. an actor's own."""
+    return ProcMesh(addresses, Shape.from_extent(extent))
+
+
+def owner_of(mesh: ProcMesh) -> ProcOwner | None:
+    """What owns ``mesh``'s processes; None for a reference to processes owned elsewhere."""
+    return mesh._owner
 
 
 #: How long after the stop bound a rank that never answered is given up on (its process is
@@ -79,10 +116,6 @@ class ProcMesh(MeshTrait):
         self._host_mesh = host_mesh
         self._initialized = initialized
 
-    @classmethod
-    def _reference(cls, addresses: tuple[str, ...], extent: Extent) -> ProcMesh:
-        return cls(addresses, Shape.from_extent(extent))
-
     @property
     def _shape(self) -> Shape:
         return self._mesh_shape
@@ -120,7 +153,7 @@ class ProcMesh(MeshTrait):
             header = protocol.spawn(key, name, i, wire_extent, addrs, creator_wire, owner, boot)
             rt.send(address, header, bodies)
         mesh: ActorMesh[Any] = ActorMesh(Class, name, key, addrs, Shape.from_extent(ext))
-        mesh._handles.keep = self._owner  # calls through it must still learn that its procs are gone
+        keep_while_referenced(mesh, self._owner)
         return mesh
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
@@ -134,7 +167,7 @@ class ProcMesh(MeshTrait):
     @property
     def initialized(self) -> Future[Any]:
         """Resolves once the processes are up and the spawn-time ``bootstrap`` ran on each."""
-        return self._initialized if self._initialized is not None else Future._completed(True)
+        return self._initialized if self._initialized is not None else completed_future(True)
 
     @property
     def host_mesh(self) -> Any:
@@ -245,10 +278,16 @@ class _SetupActor(Actor):
 def run_bootstrap(mesh: ProcMesh, fn: Callable[[], Any]) -> Future[Any]:
     """Spawn the setup actor (exempt from the readiness gate); its reply is ``initialized``."""
     setup = mesh._spawn_nocheck("setup", _SetupActor, (fn,), {}, boot=True)
-    done: Future[Any] = Future._new()
-    setup.result.call()._add_done_callback(
-        lambda f: done._set_exception(f._exc) if f._exc is not None else done._set_result(True)
-    )
+    done: Future[Any] = pending_future()
+
+    def settle(reply: Future[Any]) -> None:
+        _, exc = outcome(reply)
+        if exc is not None:
+            set_exception(done, exc)
+        else:
+            set_result(done, True)
+
+    add_done_callback(setup.result.call(), settle)
     return done
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from monarch._src.actor import proc_mesh as proc_mesh_module
-from monarch._src.actor.future import Future
+from monarch._src.actor.future import Future, completed_future
 from monarch._src.actor.proc import current_runtime, retire_runtime
 from monarch._src.actor.proc_mesh import ProcMesh, run_bootstrap
 from monarch._src.mesh.extent import Extent
@@ -37,6 +37,19 @@ class _ProcMeshOwner:
 
     def stop(self, reason: str) -> Future[None]:
         return self.group.stop(reason)
+
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.group.procs]
+
+    def watch_exits(self, on_exit: Callable[[int, int], None]) -> None:
+        self.group.on_exit.append(lambda rank, how, code: on_exit(rank, code))
+        for rank, code in enumerate(list(self.group.returncodes)):
+            if code is not None:
+                on_exit(rank, code)
+
+    def kill(self) -> None:
+        self.group.kill()
 
 
 class HostMesh(MeshTrait):
@@ -107,12 +120,12 @@ class HostMesh(MeshTrait):
         if self._shut_down:
             raise RuntimeError("HostMesh has already been shut down")
         self._shut_down = True
-        return Future._completed(None)
+        return completed_future(None)
 
     @property
     def initialized(self) -> Future[bool]:
         """Resolves once the hosts can spawn processes; already done, as they start processes on demand."""
-        return Future._completed(True)
+        return completed_future(True)
 
     def __reduce__(self) -> Any:
         return (HostMesh, (self._host_shape, self._is_local))
@@ -142,7 +155,7 @@ def shutdown_context() -> Future[None]:
     global _shutdown_done
     with _shutdown_lock:
         if _shutdown_done:
-            return Future._completed(None)
+            return completed_future(None)
         _shutdown_done = True
     retire_runtime()
     rt = current_runtime()
@@ -153,7 +166,7 @@ def shutdown_context() -> Future[None]:
         stop_all_groups(timeout=1.0)
         flush_at_exit()  # what the workers printed last, and buffered aggregation, before exit
         rt.shutdown()
-    return Future._completed(None)
+    return completed_future(None)
 
 
 atexit.register(shutdown_context)

@@ -29,6 +29,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from monarch._src.actor.future import add_done_callback
 from monarch._src.actor.log_forwarding import CONTROL_MARK, ask_workers, flush_aggregators
 from monarch._src.actor.port import Port
 from monarch._src.actor.proc import runtime
@@ -354,7 +355,7 @@ def flush_barrier(addresses: list[str], timeout: float = FLUSH_BARRIER_TIMEOUT_S
     if addresses:
         done = threading.Event()
         fut = ask_workers(addresses, protocol.log_flush)
-        fut._add_done_callback(lambda _: done.set())
+        add_done_callback(fut, lambda _: done.set())
         ok = done.wait(timeout)
     flush_aggregators()
     return output_writer.flush_all(timeout) and ok

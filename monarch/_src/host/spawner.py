@@ -21,7 +21,7 @@ from typing import Any
 
 from monarch._src.actor import config as actor_config
 from monarch._src.actor import supervision
-from monarch._src.actor.future import Future
+from monarch._src.actor.future import Future, add_done_callback, pending_future, set_result
 from monarch._src.actor.log_forwarding import CAPTURE_ENV
 from monarch._src.actor.proc import runtime
 from monarch._src.host import log_capture
@@ -241,7 +241,7 @@ class ProcGroup:
         supervision.locally_spawned.add(address)
         self.returncodes.append(None)
         self._death_pipes.append(launch.death_w)
-        fut: Future[int] = Future._new()
+        fut: Future[int] = pending_future()
         self._exit_futures.append(fut)
         self._watch(rank, launch.proc)
 
@@ -296,7 +296,7 @@ class ProcGroup:
                 cb(rank, how, code)
             except Exception:
                 logger.exception("exit callback failed")
-        self._exit_futures[rank]._set_result(code)
+        set_result(self._exit_futures[rank], code)
 
     @property
     def stopped(self) -> bool:
@@ -315,10 +315,10 @@ class ProcGroup:
                     rt.send(address, stop_proc(), [])
                 except Exception:
                     pass
-        result: Future[None] = Future._new()
+        result: Future[None] = pending_future()
         pending = [f for f in self._exit_futures if not f.done()]
         if not pending:
-            result._set_result(None)
+            set_result(result, None)
             return result
         remaining = [len(pending)]
         lock = threading.Lock()
@@ -329,13 +329,13 @@ class ProcGroup:
                 last = remaining[0] == 0
             if last:
                 timer.cancel()
-                result._set_result(None)
+                set_result(result, None)
 
         timer = threading.Timer(timeout, self.kill)
         timer.daemon = True
         timer.start()
         for f in pending:
-            f._add_done_callback(one_done)
+            add_done_callback(f, one_done)
         return result
 
     def kill(self) -> None:

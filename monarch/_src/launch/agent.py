@@ -24,6 +24,7 @@ signal handlers can post to it; a background thread in the library form).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -38,7 +39,8 @@ from typing import Any
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.errors import SupervisionError
-from monarch._src.actor.proc_mesh import this_proc
+from monarch._src.actor.future import Future, add_done_callback, outcome
+from monarch._src.actor.proc_mesh import ProcOwner, owner_of, this_proc
 from monarch._src.host.host_mesh import this_host
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.shape import Shape
@@ -169,13 +171,52 @@ class Outcome:
         return ValueMesh(Shape.from_extent(Extent([LABEL], [len(values)])), values)
 
 
+# -- what the agent's thread waits for ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SignalReceived:
+    """A signal reached the launcher (posted from its handler)."""
+
+    signum: int
+
+
+@dataclass(frozen=True)
+class DumpRequested:
+    """Print every rank's stacks (SIGUSR1, or ``--hang-timeout``)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    """Worker ``rank`` of attempt ``attempt`` exited with ``code`` (the spawner's exit watch)."""
+
+    attempt: int
+    rank: int
+    code: int
+
+
+@dataclass(frozen=True)
+class FunctionReturned:
+    """Library form: rank ``rank``'s function returned ``value`` or raised ``error``."""
+
+    attempt: int
+    rank: int
+    value: Any
+    error: BaseException | None
+
+
+Event = SignalReceived | DumpRequested | WorkerExited | FunctionReturned
+
+
 class _Attempt:
     def __init__(self, index: int, nproc: int) -> None:
         self.index = index
         self.nproc = nproc
         self.start = time.monotonic()
         self.procs: Any = None
-        self.group: Any = None
+        self.owner: ProcOwner | None = None
         self.runner: Any = None
         self.store: StoreServer | None = None
         self.pids: list[int] = [0] * nproc
@@ -222,7 +263,7 @@ class Agent:
         self.target = target
         self.env = dict(launcher_env)
         self.log = log
-        self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._pending_signal: int | None = None
         self.dirs: RunDirs | None = None
         self.tailer: Tailer | None = None
@@ -231,15 +272,15 @@ class Agent:
 
     # -- events from other threads (and signal handlers) ------------------------------------------
 
-    def post(self, *event: Any) -> None:
+    def post(self, event: Event) -> None:
         """Thread-safe and safe in a signal handler."""
         self._events.put(event)
 
     def signal(self, signum: int) -> None:
-        self.post("signal", signum)
+        self.post(SignalReceived(signum))
 
     def dump_stacks(self, reason: str = "SIGUSR1") -> None:
-        self.post("dump", reason)
+        self.post(DumpRequested(reason))
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -310,8 +351,8 @@ class Agent:
             current = self.attempt  # set even when _start_attempt failed part-way
             if current is not None and current.index == index:
                 current.stopping = True
-                if not ok and current.group is not None:
-                    current.group.kill()  # the launcher itself failed: leave no worker behind
+                if not ok and current.owner is not None:
+                    current.owner.kill()  # the launcher itself failed: leave no worker behind
                 if current.store is not None:
                     current.store.close()
             if self.tailer is not None:
@@ -390,18 +431,16 @@ class Agent:
             name=f"launch{index}",
             preload=config.preload,
         )
-        a.group = a.procs._owner.group
-        a.pids = [p.pid for p in a.group.procs]
-        a.group.on_exit.append(lambda rank, how, code, n=index: self.post("exit", n, rank, code))
-        for lr, code in enumerate(list(a.group.returncodes)):
-            if code is not None:
-                self.post("exit", index, lr, code)
+        a.owner = owner = owner_of(a.procs)
+        assert owner is not None  # spawned here, so owned here
+        a.pids = owner.pids
+        owner.watch_exits(lambda rank, code: self.post(WorkerExited(index, rank, code)))
         a.runner = _mesh_owner().spawn_runner.call_one(a.procs).get(timeout=60)
         for lr, spec in enumerate(specs):
             one = a.runner.slice(**{LABEL: lr})
             if self.target.is_call:
                 fut = one.run.call_one(spec)
-                fut._add_done_callback(lambda f, n=index, r=lr: self._on_result(n, r, f))
+                add_done_callback(fut, functools.partial(self._on_result, index, lr))
             else:
                 one.run.broadcast(spec)
         return a
@@ -448,25 +487,22 @@ class Agent:
 
     # -- watching -----------------------------------------------------------------------------------
 
-    def _on_result(self, index: int, rank: int, fut: Any) -> None:
-        if fut._exc is not None:
-            self.post("result", index, rank, False, fut._exc)
-        else:
-            self.post("result", index, rank, True, fut._value)
+    def _on_result(self, index: int, rank: int, fut: Future[Any]) -> None:
+        value, error = outcome(fut)
+        self.post(FunctionReturned(index, rank, value, error))
 
     def _watch(self, a: _Attempt) -> str:
         while True:
             event = self._next_event(a)
             if event is None:
                 continue
-            kind = event[0]
-            if kind == "signal":
-                return self._shutdown_on_signal(a, event[1])
-            if kind == "dump":
-                self._dump(a, event[1])
+            if isinstance(event, SignalReceived):
+                return self._shutdown_on_signal(a, event.signum)
+            if isinstance(event, DumpRequested):
+                self._dump(a, event.reason)
                 continue
-            if kind == "exit" and event[1] == a.index:
-                rank, code = event[2], event[3]
+            if isinstance(event, WorkerExited) and event.attempt == a.index:
+                rank, code = event.rank, event.code
                 if not self._record_exit(a, rank, code):
                     continue
                 if code != 0 or self.target.is_call:
@@ -474,19 +510,18 @@ class Agent:
                     return self._shutdown_on_failure(a)
                 if all(c is not None for c in a.exit_codes):
                     return "succeeded"
-            elif kind == "result" and event[1] == a.index:
-                rank, ok, value = event[2], event[3], event[4]
-                if ok:
-                    a.results[rank] = value
+            elif isinstance(event, FunctionReturned) and event.attempt == a.index:
+                if event.error is None:
+                    a.results[event.rank] = event.value
                     if len(a.results) == a.nproc:
                         self._stop_gracefully(a)
                         return "succeeded"
-                elif not isinstance(value, SupervisionError):
-                    self._add_failure(a, rank, 1, cause=value)
+                elif not isinstance(event.error, SupervisionError):
+                    self._add_failure(a, event.rank, 1, cause=event.error)
                     return self._shutdown_on_failure(a)
                 # else: the process died; its exit event (with the status) follows.
 
-    def _next_event(self, a: _Attempt) -> tuple[Any, ...] | None:
+    def _next_event(self, a: _Attempt) -> Event | None:
         timeout = self._timers(a)
         try:
             return self._events.get(timeout=timeout)
@@ -606,16 +641,15 @@ class Agent:
                 event = self._events.get(timeout=min(left, TICK_S))
             except queue.Empty:
                 continue
-            kind = event[0]
-            if kind == "exit" and event[1] == a.index:
-                self._record_exit(a, event[2], event[3])
-            elif kind == "signal":
+            if isinstance(event, WorkerExited) and event.attempt == a.index:
+                self._record_exit(a, event.rank, event.code)
+            elif isinstance(event, SignalReceived):
                 if self._pending_signal is None:
-                    self._pending_signal = event[1]
+                    self._pending_signal = event.signum
                 if escalate:
                     return False  # a signal while we wait politely: kill now
-            elif kind == "dump":
-                self._dump(a, event[1])
+            elif isinstance(event, DumpRequested):
+                self._dump(a, event.reason)
         return True
 
     def _shutdown_on_failure(self, a: _Attempt) -> str:

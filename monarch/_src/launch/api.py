@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from monarch._src.actor.future import Future
+from monarch._src.actor.future import Future, pending_future, set_exception, set_result
 
 from .agent import Agent, Outcome, Target
 from .cli import parse_args
@@ -115,13 +115,13 @@ class SPMDLauncher:
         env = dict(os.environ)
         env.update(self.env)
         agent = Agent(config, spec, launcher_env=env, log=launcher_logger())
-        result: Future[Any] = Future._new()
+        result: Future[Any] = pending_future()
 
         def drive() -> None:
             try:
                 outcome = agent.run()
             except BaseException as e:  # noqa: B036 - delivered to whoever waits
-                result._set_exception(e)
+                set_exception(result, e)
                 return
             _settle(result, outcome)
 
@@ -131,15 +131,15 @@ class SPMDLauncher:
 
 def _settle(result: Future[Any], outcome: Outcome) -> None:
     if outcome.state == "succeeded":
-        result._set_result(outcome.value_mesh())
+        set_result(result, outcome.value_mesh())
         return
     if outcome.state == "failed" and outcome.error is not None:
         error: BaseException = outcome.error
         if outcome.cause is not None:
             error.__cause__ = outcome.cause
-        result._set_exception(error)
+        set_exception(result, error)
         return
-    result._set_exception(RuntimeError(f"the launch was stopped by signal {outcome.signum}"))
+    set_exception(result, RuntimeError(f"the launch was stopped by signal {outcome.signum}"))
 
 
 def spmd_launcher(env: Mapping[str, str] | None = None, **options: Any) -> SPMDLauncher:
