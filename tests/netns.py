@@ -3,7 +3,7 @@
 Each host is a network namespace with its own loopback and one veth whose other end is a port
 of a bridge in the *root* namespace. The bridge holds the subnet's first address, so a process
 in the root namespace (the test itself, or slurmctld and srun in the SLURM recipe,
-/work/shared/spec/slurm_test_cluster.md §5.2) reaches every host and is reached from them at
+the SLURM test-cluster spec §5.2, named in DESIGN §8) reaches every host and is reached from them at
 ``Cluster.bridge_address``. A bridge in a namespace of its own would cut the root namespace off.
 
 Commands enter a host with ``nsenter --net=`` rather than ``ip netns exec``: the latter also
@@ -233,9 +233,11 @@ class Cluster:
         """``argv`` as a command line that runs in host ``i``'s network namespace."""
         return ["nsenter", f"--net={NETNS_DIR / self.hosts[i].netns}", "--", *argv]
 
-    def run(self, i: int, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
-        """``subprocess.run(argv, **kwargs)`` in host ``i`` (a timeout is required)."""
-        return subprocess.run(self.argv(i, argv), **kwargs)
+    def run(
+        self, i: int, argv: Sequence[str], *, timeout: float, **kwargs: Any
+    ) -> subprocess.CompletedProcess[Any]:
+        """``subprocess.run(argv, timeout=timeout, **kwargs)`` in host ``i``."""
+        return subprocess.run(self.argv(i, argv), timeout=timeout, **kwargs)
 
     def popen(self, i: int, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """``subprocess.Popen(argv, **kwargs)`` in host ``i``; killed and reaped by ``close``."""
