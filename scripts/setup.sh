@@ -12,3 +12,9 @@ python3 -m venv .venv
 if [ "${MONARCH_SKIP_TORCH:-0}" != "1" ]; then
   .venv/bin/pip install -q "torch==2.13.0"
 fi
+# The many-hosts tests build clusters of network namespaces with `ip` (tests/netns.py); a fresh
+# Debian machine may lack iproute2. Installed only when missing, and only as root.
+if ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2
+fi
