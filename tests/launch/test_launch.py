@@ -6,6 +6,7 @@ itself brings (``@record``, ``init_process_group``, DDP) is in ``test_conformanc
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -338,6 +339,42 @@ def test_signals_are_forwarded_and_launcher_exits_1(scripts, tmp_path, sig):
     assert f"SignalException: Process {proc.pid} got signal: {int(sig)}" in err
     texts = [p.read_text() for p in sorted(logs.glob("*/attempt_0/*/stdout.log"))]
     assert [f"got {sig.name}" in t for t in texts] == [True, True]
+    assert not alive(workers)
+
+
+def _signal_a_helper_thread(pid: int, sig: int) -> None:
+    """Deliver ``sig`` to a thread of ``pid`` other than its main thread (``tgkill``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "tgkill"):
+        pytest.skip("this C library has no tgkill (glibc >= 2.30 has it)")
+    helpers = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+    assert helpers, "the launcher runs its event loop on a thread of its own"
+    if libc.tgkill(pid, helpers[0], sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_taken_by_a_helper_thread_still_stops_the_job(scripts, tmp_path):
+    # The kernel may hand a process-directed signal to any thread; the launcher's main
+    # thread must still notice it, however long it would otherwise wait for an event.
+    script = scripts.write("sigs.py", SIGNAL_AWARE)
+    logs = tmp_path / "logs"
+    proc = start_launcher("--nproc-per-node", "2", "--log-dir", str(logs), "-r", "1", script)
+    workers = _wait_ready(proc, 2)
+    wait_until(
+        lambda: (
+            len(list(logs.glob("*/attempt_0/*/stdout.log"))) == 2
+            and all("ready" in p.read_text() for p in logs.glob("*/attempt_0/*/stdout.log"))
+        ),
+        30,
+        "ready",
+    )
+    start = time.monotonic()
+    _signal_a_helper_thread(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, err
+    assert time.monotonic() - start < 10, err
+    assert "Received 15 death signal, shutting down workers" in err
     assert not alive(workers)
 
 

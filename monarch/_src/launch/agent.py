@@ -63,6 +63,8 @@ LABEL = "gpus"
 KILL_WAIT_S = 30.0
 #: How often the agent wakes up without events while timers are armed.
 TICK_S = 1.0
+#: The longest the main thread blocks at once, so that a signal's handler runs this soon.
+SIGNAL_POLL_S = 0.1
 
 
 def signal_process_group(pid: int, sig: int) -> None:
@@ -522,7 +524,10 @@ class Agent:
                 # else: the process died; its exit event (with the status) follows.
 
     def _next_event(self, a: _Attempt) -> Event | None:
-        timeout = self._timers(a)
+        # Never block without a bound: a signal that the kernel hands to another thread only
+        # sets a flag, and its Python handler runs once the main thread executes bytecode.
+        timers = self._timers(a)
+        timeout = SIGNAL_POLL_S if timers is None else min(timers, SIGNAL_POLL_S)
         try:
             return self._events.get(timeout=timeout)
         except queue.Empty:
