@@ -91,7 +91,7 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop these actors after they drain the messages already sent; runs ``__cleanup__``."""
-        from monarch._src.actor.proc_mesh import stop_actors
+        from monarch._src.actor.proc_mesh import stop_actors  # proc meshes are made of actor meshes
 
         supervision.mark_stopped(self._key, reason)
         return stop_actors(self._key, self._dest_addresses(), self._mesh_name)

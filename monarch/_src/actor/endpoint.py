@@ -17,7 +17,7 @@ from monarch._src.actor.coroutines import is_coroutine_function
 from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future, forbid_blocking
 from monarch._src.actor.port import Port, PortHandler
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch._src.wire import payload
 from monarch._src.wire.protocol import message
 

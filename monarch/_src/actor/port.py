@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 from monarch._src.actor import supervision
 from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.future import Future, pending_future, set_exception, set_result
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch._src.wire import payload
 from monarch._src.wire.protocol import FLAG_EXCEPTION, FLAGS, PORT_ID, RANK, port_value
 

@@ -93,7 +93,6 @@ def main() -> None:
             hook(config)
     listen = socket.socket(fileno=config["listen_fd"])
     rt = Runtime(secret=secret, socket_dir=config["socket_dir"], listen_sock=listen)
-    Runtime.install(rt)
     _leave_when_parent_dies(rt, config["death_fd"])
     while True:
         work = _main_queue.get()
