@@ -198,7 +198,7 @@ class ProcMesh(MeshTrait):
         printing is never filtered. ``prefix_with_rank`` (monarch-aio): start each forwarded
         line with the worker's rank, e.g. ``[gpus=1] ``. Returns once every worker applied it.
         """
-        from monarch._src.actor import log_forwarding
+        from monarch._src.actor import log_forwarding  # only once asked: import monarch.actor stays lean
         from monarch._src.mesh.point import Point
 
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 255:

@@ -154,8 +154,7 @@ def _hook_runtime_class() -> type[Runtime]:
 
 
 def _install_handlers(rt: Runtime) -> None:
-    # The handlers sit at the top of the package's module order, far above this module.
-    from monarch._src.actor import dispatch
+    from monarch._src.actor import dispatch  # the handlers sit at the top of the module order
 
     dispatch.install(rt)
 
