@@ -80,30 +80,7 @@ ACTOR_ORDER = [
 ]
 
 #: (module relative to monarch/, name) -> why the crossing stays for now.
-ALLOWED: dict[tuple[str, str], str] = {
-    **{
-        ("_src/actor/endpoint.py", name): "an endpoint reads its ActorMesh's wiring (key, "
-        "addresses, caches) on every send; ActorMesh is public, so this needs an internal "
-        "accessor that costs nothing on the hot path: not done yet"
-        for name in (
-            "_address",
-            "_port_id",
-            "_key",
-            "_destinations",
-            "_extent_wire",
-            "_mesh_name",
-            "_check_usable",
-            "_shape_renumbered",
-            "_class_name",
-            "_class",
-        )
-    },
-    **{
-        ("_src/actor/messaging.py", name): "the send/cast helpers read an endpoint's mesh "
-        "as endpoint.py does (same accessor, not done yet)"
-        for name in ("_check_usable", "_name", "_send", "_mesh", "_mesh_name")
-    },
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> Iterator[tuple[Path, str]]:

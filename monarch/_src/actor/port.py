@@ -148,6 +148,10 @@ class Port(Generic[R]):
             return  # a dropping port (no reply expected)
         runtime().send(self._address, port_value(self._port_id, self._rank, flags), payload.dumps(obj))
 
+    def reply_to(self) -> list[Any]:
+        """Internal: ``[process address, port id]``, the reply-port field of a message header."""
+        return [self._address, self._port_id]
+
     def _with_rank(self, rank: int) -> Port[R]:
         return Port(self._address, self._port_id, rank, self._once)
 
