@@ -119,13 +119,7 @@ def endpoint(
     instrument: bool = True,
 ) -> Any:
     """Mark an actor method as callable remotely through a mesh (``@endpoint`` or ``@endpoint(...)``)."""
-
-    def wrap(m: Callable[..., Any]) -> EndpointProperty[Any]:
-        if isinstance(m, EndpointProperty):
-            return m
-        return EndpointProperty(m, propagate, explicit_response_port, instrument)
-
-    return wrap(method) if method is not None else wrap
+    return _decorate(method, False, propagate, explicit_response_port, instrument)
 
 
 def concurrent_endpoint(
@@ -136,15 +130,28 @@ def concurrent_endpoint(
     instrument: bool = True,
 ) -> Any:
     """An async endpoint whose invocations may overlap with the actor's other messages."""
+    return _decorate(method, True, propagate, explicit_response_port, instrument)
+
+
+def _decorate(
+    method: Callable[..., Any] | None,
+    concurrent: bool,
+    propagate: Propagator,
+    explicit_response_port: bool,
+    instrument: bool,
+) -> Any:
+    """``@decorator`` (``method`` given: mark it now) or ``@decorator(...)`` (return what marks it)."""
 
     def wrap(m: Callable[..., Any]) -> EndpointProperty[Any]:
         if isinstance(m, EndpointProperty):
-            raise ValueError(
-                "concurrent_endpoint does not wrap @endpoint; pass endpoint options to @concurrent_endpoint"
-            )
-        if not is_coroutine_function(m):
+            if concurrent:
+                raise ValueError(
+                    "concurrent_endpoint does not wrap @endpoint; pass endpoint options to @concurrent_endpoint"
+                )
+            return m
+        if concurrent and not is_coroutine_function(m):
             raise ValueError("concurrent_endpoint can only wrap async endpoints")
-        return EndpointProperty(m, propagate, explicit_response_port, instrument, concurrent=True)
+        return EndpointProperty(m, propagate, explicit_response_port, instrument, concurrent)
 
     return wrap(method) if method is not None else wrap
 

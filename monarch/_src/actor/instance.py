@@ -262,6 +262,14 @@ class ActorInstance:
 
     # -- runners ----------------------------------------------------------------------------
 
+    def _begin_running(self, header: dict) -> bool:
+        """Mark the message running, unless a process stop means it is not run (then False)."""
+        if self._stop_now:
+            self._not_run(header, self._unrun)
+            return False
+        self._running, self._running_since = header[ENDPOINT], time.monotonic()
+        return True
+
     def _thread_main(self) -> None:
         mark_sync_actor_thread()
         self.thread_ident = threading.get_ident()
@@ -275,23 +283,15 @@ class ActorInstance:
                 flush_corked()  # replies corked in a burst go out before this thread sleeps
                 kind, header, bodies = q.get()
             if kind == MESSAGE:
-                if self._stop_now:
-                    self._not_run(header, self._unrun)
-                    continue
-                self._running, self._running_since = header[ENDPOINT], time.monotonic()
-                self._handle_sync(header, bodies)
-                self._running = None
+                if self._begin_running(header):
+                    self._handle_sync(header, bodies)
+                    self._running = None
             elif kind == INIT:
                 self._construct(bodies)
             elif kind == SUPERVISE:
-                try:
-                    handled = self.actor.__supervise__(header)
-                    if _is_awaitable(handled):  # async __supervise__ runs on the loop
-                        handled = _run_on_loop(handled)
-                except BaseException as e:  # noqa: B036 - reported, never silently lost
-                    self._supervise_raised(header, e)
-                else:
-                    self._supervised(header, handled)
+                pending = self._supervise_step(header, self.actor.__supervise__, header)
+                if pending is not None:  # async __supervise__ runs on the loop
+                    self._supervise_step(header, _run_on_loop, pending)
             else:
                 self._stop_sync(header)
                 return
@@ -312,23 +312,15 @@ class ActorInstance:
                 await self._wakeup
             kind, header, bodies = dq.popleft()
             if kind == MESSAGE:
-                if self._stop_now:
-                    self._not_run(header, self._unrun)
-                    continue
-                self._running, self._running_since = header[ENDPOINT], time.monotonic()
-                await self._handle_async(header, bodies)
-                self._running = None
+                if self._begin_running(header):
+                    await self._handle_async(header, bodies)
+                    self._running = None
             elif kind == INIT:
                 self._construct(bodies)
             elif kind == SUPERVISE:
-                try:
-                    handled = self.actor.__supervise__(header)
-                    if _is_awaitable(handled):
-                        handled = await handled
-                except BaseException as e:  # noqa: B036 - reported, never silently lost
-                    self._supervise_raised(header, e)
-                else:
-                    self._supervised(header, handled)
+                pending = self._supervise_step(header, self.actor.__supervise__, header)
+                if pending is not None:
+                    self._supervise_step(header, await _settled(pending))
             else:
                 await self._stop_async(header)
                 return
@@ -509,6 +501,20 @@ class ActorInstance:
         else:
             self._supervised(failure, False)
 
+    def _supervise_step(self, failure: Any, step: Callable[..., Any], *args: Any) -> Any:
+        """One step of supervising ``failure``: ``__supervise__`` itself, or the wait for the
+        awaitable it returned. What the step raises or returns is acted on here, except an
+        awaitable, returned for the runner to wait on (on the loop, or awaited)."""
+        try:
+            handled = step(*args)
+        except BaseException as e:  # noqa: B036 - reported, never silently lost
+            self._supervise_raised(failure, e)
+            return None
+        if _is_awaitable(handled):
+            return handled
+        self._supervised(failure, handled)
+        return None
+
     def _supervised(self, failure: Any, handled: Any) -> None:
         if not handled:
             self._failed(f"a mesh it owns failed and was not handled: {failure.report()}")
@@ -659,6 +665,20 @@ def _drop_runtime_frames(e: BaseException) -> None:
         tb = tb.tb_next
     if tb is not None:
         e.__traceback__ = tb
+
+
+async def _settled(aw: Any) -> Callable[[], Any]:
+    """Wait for ``aw``; returns what gives its result, or raises its exception, when called."""
+    try:
+        value = await aw
+    except BaseException as e:  # noqa: B036 - raised again by the caller, where it is reported
+        error = e  # ``e`` itself is unbound once the block ends
+
+        def reraise() -> Any:
+            raise error
+
+        return reraise
+    return lambda: value
 
 
 async def _await(aw: Any) -> Any:
