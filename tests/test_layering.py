@@ -21,6 +21,12 @@
 
    ``ALLOWED`` lists what still crosses a module boundary, each with the reason; an entry
    that no longer matches anything fails the test, so the list can only shrink.
+
+3. The modules of the actor package have an order (``ACTOR_ORDER``): data types and errors,
+   then futures and ports, then endpoints and meshes, then the instance and its dispatch. At
+   module level a module imports only modules earlier in the list; a function-local import of
+   a later one says why on its line (a comment). No module of ours is part of an import cycle
+   at module level (imports under ``if TYPE_CHECKING:`` do not count).
 """
 
 from __future__ import annotations
@@ -45,31 +51,36 @@ DEPENDS_ON: dict[str, set[str]] = {
     "launch": {"host"},
 }
 
+#: The modules of ``_src/actor/``, lowest first (see rule 3).
+ACTOR_ORDER = [
+    # data types and errors, and this process's state
+    "coroutines",
+    "config",
+    "errors",
+    "context",
+    "log_prefix",
+    "log_aggregator",
+    "process_state",
+    # futures and ports (and the supervision that fails the ports of a dead process)
+    "future",
+    "supervision",
+    "port",
+    "collectors",
+    "undelivered",
+    "log_forwarding",
+    # endpoints and meshes
+    "endpoint",
+    "actor",
+    "actor_mesh",
+    "messaging",
+    "proc_mesh",
+    # the instance and its dispatch
+    "instance",
+    "dispatch",
+]
+
 #: (module relative to monarch/, name) -> why the crossing stays for now.
-ALLOWED: dict[tuple[str, str], str] = {
-    **{
-        ("_src/actor/endpoint.py", name): "an endpoint reads its ActorMesh's wiring (key, "
-        "addresses, caches) on every send; ActorMesh is public, so this needs an internal "
-        "accessor that costs nothing on the hot path: not done yet"
-        for name in (
-            "_address",
-            "_port_id",
-            "_key",
-            "_destinations",
-            "_extent_wire",
-            "_mesh_name",
-            "_check_usable",
-            "_shape_renumbered",
-            "_class_name",
-            "_class",
-        )
-    },
-    **{
-        ("_src/actor/messaging.py", name): "the send/cast helpers read an endpoint's mesh "
-        "as endpoint.py does (same accessor, not done yet)"
-        for name in ("_check_usable", "_name", "_send", "_mesh", "_mesh_name")
-    },
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> Iterator[tuple[Path, str]]:
@@ -179,6 +190,100 @@ def test_no_cross_module_private_names() -> None:
     assert not lines, "give these a public-internal name or method:\n" + "\n".join(lines)
     stale = sorted(set(ALLOWED) - found)
     assert not stale, f"ALLOWED entries that no longer match anything (remove them): {stale}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if path.name == "__init__.py" else parts)
+
+
+def _targets(node: ast.Import | ast.ImportFrom, package: str, known: set[str]) -> list[str]:
+    """The modules of ours an import statement loads (``from pkg import mod`` loads ``pkg.mod``)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in known]
+    module = _absolute(node, package)
+    found = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in known]
+    return found or ([module] if module in known else [])
+
+
+def _import_sites(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import and whether it runs at module level (not in a function, not TYPE_CHECKING)."""
+
+    def walk(nodes: list[ast.stmt], top: bool) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+        for node in nodes:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                yield node, top
+            elif isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+                yield from walk(node.orelse, top)
+            else:
+                inner = top and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    yield from walk([n for n in getattr(node, field, []) if isinstance(n, ast.AST)], inner)
+
+    yield from walk(tree.body, True)
+
+
+def _module_graph() -> tuple[dict[str, set[str]], list[str]]:
+    """Module-level imports between modules of ours, and unexplained upward local imports."""
+    sources = {_module_name(path): (path, package) for path, package in _modules()}
+    known = set(sources)
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    rank = {f"monarch._src.actor.{m}": i for i, m in enumerate(ACTOR_ORDER)}
+    unexplained = []
+    for name, (path, package) in sources.items():
+        text = path.read_text()
+        lines = text.splitlines()
+        for node, top in _import_sites(ast.parse(text)):
+            for target in _targets(node, package, known):
+                if target == name:
+                    continue
+                if top:
+                    graph[name].add(target)
+                elif name in rank and rank.get(target, -1) > rank[name] and "#" not in lines[node.lineno - 1]:
+                    unexplained.append(f"{path.relative_to(PACKAGE)}:{node.lineno} imports {target}")
+    return graph, unexplained
+
+
+def test_actor_modules_import_in_order() -> None:
+    actor = {p.stem for p in (SRC / "actor").glob("*.py") if p.name != "__init__.py"}
+    assert set(ACTOR_ORDER) == actor, "list every module of _src/actor/ in ACTOR_ORDER, once"
+    assert len(ACTOR_ORDER) == len(actor)
+    graph, unexplained = _module_graph()
+    violations = []
+    for i, module in enumerate(ACTOR_ORDER):
+        for target in sorted(graph[f"monarch._src.actor.{module}"]):
+            other = target.removeprefix("monarch._src.actor.")
+            if other in ACTOR_ORDER and ACTOR_ORDER.index(other) > i:
+                violations.append(f"_src/actor/{module}.py imports the later {other} at module level")
+    assert not violations, "\n".join(violations)
+    assert not unexplained, "a function-local import of a later module needs a reason comment:\n" + "\n".join(
+        unexplained
+    )
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    graph, _ = _module_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if target not in state:
+                cycle = visit(target)
+                if cycle:
+                    return cycle
+        state[module] = 2
+        path.pop()
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            cycle = visit(module)
+            assert cycle is None, "import cycle at module level: " + " -> ".join(cycle)
 
 
 def test_public_names_import() -> None:

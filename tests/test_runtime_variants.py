@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent(
     import os
     import numpy as np
     from monarch.actor import Actor, endpoint, this_host
-    from monarch._src.actor.proc import runtime
+    from monarch._src.actor.process_state import runtime
 
     class E(Actor):
         @endpoint

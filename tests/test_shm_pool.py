@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch.actor import Actor, endpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,7 +84,7 @@ def test_results_the_client_keeps_stay_intact(keeper):
 CHILD_PRELUDE = (
     "import glob, numpy as np, time\n"
     "from monarch.actor import Actor, endpoint, this_host\n"
-    "from monarch._src.actor.proc import runtime\n"
+    "from monarch._src.actor.process_state import runtime\n"
     "class A(Actor):\n"
     "    @endpoint\n"
     "    def total(self, x):\n"

@@ -26,13 +26,13 @@ class Echo(Actor):
 
     @endpoint
     def address(self) -> str:
-        from monarch._src.actor.proc import runtime
+        from monarch._src.actor.process_state import runtime
 
         return runtime().address
 
 
 def client_socket_path() -> str:
-    from monarch._src.actor.proc import runtime
+    from monarch._src.actor.process_state import runtime
 
     address = runtime().address
     assert address.startswith("unix:")
@@ -125,7 +125,7 @@ def test_malformed_frame_after_handshake_closes_only_that_connection(echo):
     import hashlib
     import hmac
 
-    from monarch._src.actor.proc import runtime
+    from monarch._src.actor.process_state import runtime
 
     secret = runtime().secret
     with connect(client_socket_path()) as s:

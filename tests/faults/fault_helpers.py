@@ -26,7 +26,7 @@ class Probe(Actor):
 
     @endpoint
     async def where(self) -> tuple[int, str]:
-        from monarch._src.actor.proc import runtime
+        from monarch._src.actor.process_state import runtime
 
         return os.getpid(), runtime().address
 
@@ -73,7 +73,7 @@ def socket_path(address: str) -> str:
 
 def authenticated_connection(address: str, timeout: float = 30.0) -> socket.socket:
     """A connection that passed the handshake with this job's secret (the client's)."""
-    from monarch._src.actor.proc import runtime
+    from monarch._src.actor.process_state import runtime
 
     secret = runtime().secret
     deadline = time.monotonic() + timeout

@@ -94,7 +94,8 @@ def test_broadcast_whose_arguments_do_not_unpickle_is_reported(proc: Any, faults
 
 def test_broadcast_of_a_method_the_class_lacks_is_reported(proc: Any, faults: list[MeshFailure]) -> None:
     mesh = proc.spawn("stale", Echo)
-    stale: Any = ActorMesh(EchoV2, mesh._mesh_name, mesh._key, mesh._addresses, mesh._mesh_shape)
+    ref = mesh._ref
+    stale: Any = ActorMesh(EchoV2, ref.name, ref.key, ref.addresses, ref.shape)
     with pytest.raises(ActorError, match="added_later"):
         stale.added_later.call_one().get(timeout=DEADLINE_S)
     stale.added_later.broadcast()

@@ -23,7 +23,7 @@ class Dropper(Probe):
 
     @endpoint
     async def drop_incoming(self) -> int:
-        from monarch._src.actor.proc import runtime
+        from monarch._src.actor.process_state import runtime
 
         conns = list(runtime()._incoming)
         for conn in conns:

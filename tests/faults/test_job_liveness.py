@@ -24,7 +24,8 @@ ELEMS = (4 << 20) // 8  # 4 MiB of float64: through shared memory
 def _start_client(tmpdir: Path) -> None:
     """A client with its own ``$TMPDIR`` starts (and sweeps), then exits."""
     proc = run_python(
-        "from monarch._src.actor.proc import runtime; print(runtime().socket_dir)", TMPDIR=str(tmpdir)
+        "from monarch._src.actor.process_state import runtime; print(runtime().socket_dir)",
+        TMPDIR=str(tmpdir),
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(str(tmpdir)), proc.stdout
@@ -37,7 +38,7 @@ LIVE_JOB = """
 import glob, os, subprocess, sys, tempfile, time
 import numpy as np
 from monarch.actor import Actor, endpoint, this_host
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 
 class Doubler(Actor):
     @endpoint
@@ -53,7 +54,7 @@ assert ours
 for path in ours:  # a long-running job: its files are old
     os.utime(path, (time.time() - 3600,) * 2)
 with tempfile.TemporaryDirectory() as other_tmp:  # a second client, another TMPDIR, starts
-    code = "from monarch._src.actor.proc import runtime; runtime()"
+    code = "from monarch._src.actor.process_state import runtime; runtime()"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30, env=dict(os.environ, TMPDIR=other_tmp))
 for fill in range(5):
     print(float(d.double.call_one(np.full(ELEMS, float(fill))).get(timeout=10)[0]), flush=True)
@@ -71,7 +72,7 @@ def test_live_job_keeps_working_while_a_client_with_another_tmpdir_starts():
 
 OTHER_USER = """
 import os, time
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 
 names = [f"/dev/shm/monarch-job-otheruser-{i:016x}" for i in range(2)] + ["/dev/shm/monarch-job-otheruser.lock"]
 for path in names:
@@ -94,7 +95,7 @@ DEAD_CLIENT = """
 import json, os, threading
 import numpy as np
 from monarch.actor import Actor, endpoint, this_host
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 
 class Doubler(Actor):
     @endpoint

@@ -21,7 +21,7 @@ CLIENT = textwrap.dedent(
     """
     import json, os, sys, threading
     from monarch.actor import Actor, endpoint, this_host
-    from monarch._src.runtime.runtime import Runtime  # internal: where the job's files are
+    from monarch._src.actor.process_state import runtime  # internal: where the job's files are
 
     SPIN_DIR, PRELOAD, FORK_HOLDER = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
 
@@ -53,7 +53,7 @@ CLIENT = textwrap.dedent(
         pids_extra = {"holder": holder}
     else:
         pids_extra = {}
-    rt = Runtime.get()
+    rt = runtime()
     print("JOB " + json.dumps({"pids": pids, "dir": rt.socket_dir, "tag": rt.job_tag, **pids_extra}), flush=True)
     threading.Event().wait(60)
     """

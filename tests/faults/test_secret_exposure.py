@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch._src.runtime.runtime import Runtime  # internal: the secret to look for
+from monarch._src.actor.process_state import runtime  # internal: the secret to look for
 from monarch.actor import Actor, endpoint, this_host
 
 
@@ -21,7 +21,7 @@ class Pids(Actor):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("preload", [(), ("json",)], ids=["exec", "forked_from_template"])
 def test_secret_is_not_in_any_worker_environment(preload):
-    secret = Runtime.get().secret
+    secret = runtime().secret
     pm = this_host().spawn_procs(per_host={"gpus": 2}, preload=preload)
     try:
         replies = pm.spawn("pids", Pids).pids.call().get(timeout=30).values()

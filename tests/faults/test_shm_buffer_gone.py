@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
     sys.path.insert(0, os.path.join(sys.argv[1], "tests", "faults"))
     import cloudpickle, fault_helpers
     cloudpickle.register_pickle_by_value(fault_helpers)
-    from monarch._src.actor.proc import runtime
+    from monarch._src.actor.process_state import runtime
     from monarch.actor import this_host
 
     pm = this_host().spawn_procs(per_host={"gpus": 1})

@@ -11,7 +11,7 @@ import pytest
 from helpers import wait_until
 
 import monarch.actor
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch.actor import Actor, endpoint, this_host
 
 MIB = 1 << 20

@@ -18,7 +18,7 @@ NOBODY = 65534
 
 CLIENT = """
 from monarch.actor import Actor, endpoint, this_host
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 
 class Echo(Actor):
     @endpoint

@@ -9,7 +9,7 @@ import gc
 import pytest
 
 from monarch._src.actor import port, supervision  # internal: the tables under test
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch.actor import Actor, endpoint, this_host, this_proc
 
 ROUNDS = 200

@@ -317,9 +317,8 @@ def _wait_for_line(path: Path, text: str, count: int) -> None:
     wait_until(lambda: path.exists() and path.read_text().count(text) >= count, 30, f"{count}x {text!r}")
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signals_are_forwarded_and_launcher_exits_1(scripts, tmp_path, sig):
+def _start_signal_aware_job(scripts, tmp_path: Path) -> tuple[subprocess.Popen, list[psutil.Process], Path]:
+    """Two workers of SIGNAL_AWARE, each past installing its handlers: (launcher, workers, log dir)."""
     script = scripts.write("sigs.py", SIGNAL_AWARE)
     logs = tmp_path / "logs"
     proc = start_launcher("--nproc-per-node", "2", "--log-dir", str(logs), "-r", "1", script)
@@ -332,6 +331,13 @@ def test_signals_are_forwarded_and_launcher_exits_1(scripts, tmp_path, sig):
         30,
         "ready",
     )
+    return proc, workers, logs
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_are_forwarded_and_launcher_exits_1(scripts, tmp_path, sig):
+    proc, workers, logs = _start_signal_aware_job(scripts, tmp_path)
     os.kill(proc.pid, sig)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 1, err
@@ -357,18 +363,7 @@ def _signal_a_helper_thread(pid: int, sig: int) -> None:
 def test_a_signal_taken_by_a_helper_thread_still_stops_the_job(scripts, tmp_path):
     # The kernel may hand a process-directed signal to any thread; the launcher's main
     # thread must still notice it, however long it would otherwise wait for an event.
-    script = scripts.write("sigs.py", SIGNAL_AWARE)
-    logs = tmp_path / "logs"
-    proc = start_launcher("--nproc-per-node", "2", "--log-dir", str(logs), "-r", "1", script)
-    workers = _wait_ready(proc, 2)
-    wait_until(
-        lambda: (
-            len(list(logs.glob("*/attempt_0/*/stdout.log"))) == 2
-            and all("ready" in p.read_text() for p in logs.glob("*/attempt_0/*/stdout.log"))
-        ),
-        30,
-        "ready",
-    )
+    proc, workers, _ = _start_signal_aware_job(scripts, tmp_path)
     start = time.monotonic()
     _signal_a_helper_thread(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=30)

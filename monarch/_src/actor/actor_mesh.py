@@ -19,20 +19,58 @@ from monarch._src.mesh.shape import Shape
 T = TypeVar("T")
 
 
+class MeshRef:
+    """The wiring of an actor mesh reference, for the endpoints that send to it (internal).
+
+    ``ActorMesh`` is public, and any attribute name on it would hide an endpoint of that name,
+    so what an endpoint reads on every send lives here, under plain names.
+    """
+
+    __slots__ = ("cls", "class_name", "name", "key", "addresses", "shape", "wire_extent", "_destinations")
+
+    def __init__(self, cls: type, name: str, key: str, addresses: tuple[str, ...], shape: Shape) -> None:
+        self.cls = cls
+        self.class_name = cls.__name__
+        self.name = name
+        self.key = key
+        #: The process of every rank of the spawn; ``shape``'s base ranks index it.
+        self.addresses = addresses
+        self.shape = shape
+        ext = shape.extent
+        #: The extent as a message header carries it.
+        self.wire_extent: list[Any] = [ext.labels, ext.sizes]
+        self._destinations: list[tuple[int, str]] | None = None
+
+    def destinations(self) -> list[tuple[int, str]]:
+        """(message rank, process address) for every rank of this (sliced) mesh."""
+        d = self._destinations
+        if d is None:
+            addrs = self.addresses
+            d = self._destinations = [(i, addrs[base]) for i, base in enumerate(self.shape.ranks())]
+        return d
+
+    def dest_addresses(self) -> list[str]:
+        return [a for _, a in self.destinations()]
+
+    def shape_renumbered(self) -> Shape:
+        """This (sliced) mesh's shape with ranks 0..n-1, the shape of a gathered reply."""
+        return Shape.from_extent(self.shape.extent)
+
+    def check_usable(self, endpoint: str) -> None:
+        """Raise SupervisionError if a rank of this (sliced) mesh is known failed or stopped."""
+        if not supervision.any_trouble():  # the common case, on every call: nothing to look up
+            return
+        err = supervision.mesh_error(self.key, self.name, endpoint, self.dest_addresses())
+        if err is not None:
+            raise err
+
+
 class ActorMesh(MeshTrait, Generic[T]):
     """What ``ProcMesh.spawn`` returns; typed as the actor class for IDE completion."""
 
     def __init__(self, cls: type, name: str, key: str, addresses: tuple[str, ...], shape: Shape) -> None:
-        self._class = cls
-        self._class_name = cls.__name__
-        self._mesh_name = name
-        self._key = key
-        self._addresses = addresses
-        self._mesh_shape = shape
+        self._ref = MeshRef(cls, name, key, addresses, shape)
         self._endpoint_cache: dict[str, Any] = {}
-        self._dest_cache: list[tuple[int, str]] | None = None
-        ext = shape.extent
-        self._wire_extent = [ext.labels, ext.sizes]
         #: Keeps this mesh's stop/failure records (and what they need) while a handle exists.
         self._handles = supervision.mesh_handles(key)
 
@@ -40,61 +78,39 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     @property
     def _shape(self) -> Shape:
-        return self._mesh_shape
+        return self._ref.shape
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
-        return ActorMesh(self._class, self._mesh_name, self._key, self._addresses, shape)
+        ref = self._ref
+        return ActorMesh(ref.cls, ref.name, ref.key, ref.addresses, shape)
 
-    # -- messaging support --------------------------------------------------------------------
-
-    def _destinations(self) -> list[tuple[int, str]]:
-        """(message rank, process address) for every rank of this (sliced) mesh."""
-        d = self._dest_cache
-        if d is None:
-            addrs = self._addresses
-            d = self._dest_cache = [(i, addrs[base]) for i, base in enumerate(self._mesh_shape.ranks())]
-        return d
-
-    def _dest_addresses(self) -> list[str]:
-        return [a for _, a in self._destinations()]
-
-    def _extent_wire(self) -> list[Any]:
-        return self._wire_extent
-
-    def _shape_renumbered(self) -> Shape:
-        return Shape.from_extent(self._mesh_shape.extent)
-
-    def _check_usable(self, endpoint: str) -> None:
-        """Raise SupervisionError if a rank of this (sliced) mesh is known failed or stopped."""
-        if not supervision.any_trouble():  # the common case, on every call: nothing to look up
-            return
-        err = supervision.mesh_error(self._key, self._mesh_name, endpoint, self._dest_addresses())
-        if err is not None:
-            raise err
+    # -- endpoints ----------------------------------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_class", "_endpoint_cache", "_mesh_shape"):
+        if name.startswith("__") or name in ("_ref", "_endpoint_cache", "_handles"):
             raise AttributeError(name)
         cache = self._endpoint_cache
         ep = cache.get(name)
         if ep is not None:
             return ep
-        prop = endpoint_table(self._class).get(name)
+        ref = self._ref
+        prop = endpoint_table(ref.cls).get(name)
         if prop is not None:
-            ep = cache[name] = ActorEndpoint(self, name, prop)
+            ep = cache[name] = ActorEndpoint(self, ref, name, prop)
             return ep
-        if callable(getattr(self._class, name, None)):
-            return NotAnEndpoint(self, name)
-        raise AttributeError(f"actor mesh of {self._class_name} has no endpoint or attribute {name!r}")
+        if callable(getattr(ref.cls, name, None)):
+            return NotAnEndpoint(self, ref, name)
+        raise AttributeError(f"actor mesh of {ref.class_name} has no endpoint or attribute {name!r}")
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop these actors after they drain the messages already sent; runs ``__cleanup__``."""
-        from monarch._src.actor.proc_mesh import stop_actors
+        from monarch._src.actor.proc_mesh import stop_actors  # proc meshes are made of actor meshes
 
-        supervision.mark_stopped(self._key, reason)
-        return stop_actors(self._key, self._dest_addresses(), self._mesh_name)
+        ref = self._ref
+        supervision.mark_stopped(ref.key, reason)
+        return stop_actors(ref.key, ref.dest_addresses(), ref.name)
 
     @property
     def initialized(self) -> Future[None]:
@@ -103,12 +119,12 @@ class ActorMesh(MeshTrait, Generic[T]):
         return completed_future(None)
 
     def __reduce__(self) -> Any:
-        return (ActorMesh, (self._class, self._mesh_name, self._key, self._addresses, self._mesh_shape))
+        ref = self._ref
+        return (ActorMesh, (ref.cls, ref.name, ref.key, ref.addresses, ref.shape))
 
     def __repr__(self) -> str:
-        return (
-            f"ActorMesh(class={self._class_name}, shape={self._mesh_shape.extent}, name={self._mesh_name!r})"
-        )
+        ref = self._ref
+        return f"ActorMesh(class={ref.class_name}, shape={ref.shape.extent}, name={ref.name!r})"
 
 
 def keep_while_referenced(mesh: ActorMesh[Any], owner: Any) -> None:

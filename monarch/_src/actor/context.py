@@ -74,7 +74,7 @@ def context() -> Context:
     """The running actor's context; outside any actor, the client's root context."""
     inst = current_instance.get()
     if inst is None:
-        from monarch._src.actor.instance import root_instance
+        from monarch._src.actor.instance import root_instance  # an instance sits far above contexts
 
         inst = root_instance()
     rank = current_message_rank.get()

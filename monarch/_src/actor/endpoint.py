@@ -16,15 +16,15 @@ from monarch._src.actor.context import current_instance
 from monarch._src.actor.coroutines import is_coroutine_function
 from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future, forbid_blocking
-from monarch._src.actor.port import Port, PortHandler
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.port import Port, PortHandler, port_receiver
+from monarch._src.actor.process_state import runtime
 from monarch._src.wire import payload
 from monarch._src.wire.protocol import message
 
 if TYPE_CHECKING:
     import inspect
 
-    from monarch._src.actor.actor_mesh import ActorMesh
+    from monarch._src.actor.actor_mesh import ActorMesh, MeshRef
     from monarch._src.actor.instance import ActorInstance
 
 R = TypeVar("R")
@@ -119,13 +119,7 @@ def endpoint(
     instrument: bool = True,
 ) -> Any:
     """Mark an actor method as callable remotely through a mesh (``@endpoint`` or ``@endpoint(...)``)."""
-
-    def wrap(m: Callable[..., Any]) -> EndpointProperty[Any]:
-        if isinstance(m, EndpointProperty):
-            return m
-        return EndpointProperty(m, propagate, explicit_response_port, instrument)
-
-    return wrap(method) if method is not None else wrap
+    return _decorate(method, False, propagate, explicit_response_port, instrument)
 
 
 def concurrent_endpoint(
@@ -136,15 +130,28 @@ def concurrent_endpoint(
     instrument: bool = True,
 ) -> Any:
     """An async endpoint whose invocations may overlap with the actor's other messages."""
+    return _decorate(method, True, propagate, explicit_response_port, instrument)
+
+
+def _decorate(
+    method: Callable[..., Any] | None,
+    concurrent: bool,
+    propagate: Propagator,
+    explicit_response_port: bool,
+    instrument: bool,
+) -> Any:
+    """``@decorator`` (``method`` given: mark it now) or ``@decorator(...)`` (return what marks it)."""
 
     def wrap(m: Callable[..., Any]) -> EndpointProperty[Any]:
         if isinstance(m, EndpointProperty):
-            raise ValueError(
-                "concurrent_endpoint does not wrap @endpoint; pass endpoint options to @concurrent_endpoint"
-            )
-        if not is_coroutine_function(m):
+            if concurrent:
+                raise ValueError(
+                    "concurrent_endpoint does not wrap @endpoint; pass endpoint options to @concurrent_endpoint"
+                )
+            return m
+        if concurrent and not is_coroutine_function(m):
             raise ValueError("concurrent_endpoint can only wrap async endpoints")
-        return EndpointProperty(m, propagate, explicit_response_port, instrument, concurrent=True)
+        return EndpointProperty(m, propagate, explicit_response_port, instrument, concurrent)
 
     return wrap(method) if method is not None else wrap
 
@@ -152,12 +159,27 @@ def concurrent_endpoint(
 class ActorEndpoint(Generic[R]):
     """``mesh.method`` on a spawned mesh: the adverbs that send it."""
 
-    __slots__ = ("_mesh", "_name", "_prop")
+    __slots__ = ("_mesh", "_ref", "_name", "_prop")
 
-    def __init__(self, mesh: ActorMesh[Any], name: str, prop: EndpointProperty[R]) -> None:
+    def __init__(self, mesh: ActorMesh[Any], ref: MeshRef, name: str, prop: EndpointProperty[R]) -> None:
         self._mesh = mesh
+        self._ref = ref
         self._name = name
         self._prop = prop
+
+    def send_to_port(self, args: tuple, kwargs: dict, port: Port[Any] | None, selection: Selection) -> None:
+        """Internal, for ``monarch.actor.send``: send with every reply going to ``port`` (if any),
+        whose receiver here learns which processes to expect replies from."""
+        self._ref.check_usable(self._name)
+        sent = self._send(args, kwargs, port=port, selection=selection)
+        receiver = port_receiver(port) if port is not None else None
+        if receiver is not None:  # a receiver here must not wait forever on a sender that died
+            receiver.label = self._label()
+            receiver.expect_from(sent)
+
+    def _label(self) -> str:
+        """``mesh.endpoint``, naming the calls in errors of the replies."""
+        return f"{self._ref.name}.{self._name}"
 
     def _send(
         self,
@@ -173,17 +195,17 @@ class ActorEndpoint(Generic[R]):
         anything is sent, so a reply (or a process death) can never arrive unaccounted for.
         """
         self._prop.check_args(args, kwargs)
-        mesh = self._mesh
+        ref = self._ref
         bodies = _NO_ARGS if not args and not kwargs else payload.dumps_call(args, kwargs)
         rt = runtime()
-        dests = mesh._destinations()
+        dests = ref.destinations()
         if selection == "choose":
             from random import randrange
 
             dests = [dests[randrange(len(dests))]]
             extent: list[Any] = _NO_EXTENT
         else:
-            extent = mesh._extent_wire()
+            extent = ref.wire_extent
         port_spec: list[Any] | None
         if reply is not None:
             port_spec = [rt.address, reply.port_id]
@@ -191,10 +213,10 @@ class ActorEndpoint(Generic[R]):
             if remote:  # this process cannot die without the caller; others can
                 reply.expect_from(remote)
         elif port is not None:
-            port_spec = [port._address, port._port_id]
+            port_spec = port.reply_to()
         else:
             port_spec = None
-        key, name = mesh._key, self._name
+        key, name = ref.key, self._name
         for rank, address in dests:
             rt.send(address, message(key, name, port_spec, rank, extent), bodies)
         return [a for _, a in dests]
@@ -203,12 +225,12 @@ class ActorEndpoint(Generic[R]):
         self, collector: PortHandler, args: tuple, kwargs: dict, selection: Selection = "all"
     ) -> None:
         """Send with ``collector`` as the reply port; a known-failed mesh fails it at once."""
-        collector.label = f"{self._mesh._mesh_name}.{self._name}"
+        collector.label = self._label()
         try:
-            self._mesh._check_usable(self._name)
+            self._ref.check_usable(self._name)
             sent_to = self._send(args, kwargs, selection=selection, reply=collector)
             inst = current_instance.get()
-            if inst is not None and inst.key == self._mesh._key:
+            if inst is not None and inst.key == self._ref.key:
                 self._guard_self_call(inst, collector, sent_to)
         except SupervisionError as e:
             collector.fail(e)
@@ -253,8 +275,7 @@ class ActorEndpoint(Generic[R]):
     def call(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the endpoint on every actor of the mesh; the Future gives a ``ValueMesh`` of the replies,
         or raises the first ``ActorError``/``SupervisionError`` if any call fails."""
-        mesh = self._mesh
-        collector = GatherCollector(mesh._shape_renumbered(), len(mesh))
+        collector = GatherCollector(self._ref.shape_renumbered(), len(self._mesh))
         self._collect(collector, args, kwargs)
         return collector.future
 
@@ -268,7 +289,7 @@ class ActorEndpoint(Generic[R]):
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send the call to every actor and return at once, with no reply: an exception it raises
         stops that actor and reaches its owner through supervision, as no caller waits to see it."""
-        self._mesh._check_usable(self._name)
+        self._ref.check_usable(self._name)
         self._send(args, kwargs)
 
     def rref(self, *args: Any, **kwargs: Any) -> Any:
@@ -283,24 +304,32 @@ class ActorEndpoint(Generic[R]):
         )
 
     def __repr__(self) -> str:
-        return f"<endpoint {self._mesh._class_name}.{self._name} of {self._mesh!r}>"
+        return f"<endpoint {self._ref.class_name}.{self._name} of {self._mesh!r}>"
 
 
 class NotAnEndpoint:
     """What ``mesh.method`` returns for a method that lacks ``@endpoint``."""
 
-    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+    def __init__(self, mesh: ActorMesh[Any], ref: MeshRef, name: str) -> None:
         self._mesh = mesh
+        self._ref = ref
         self._name = name
 
     def _fail(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(
-            f"Actor {self._mesh._class_name}.{self._name} is not annotated as an endpoint. To call "
+            f"Actor {self._ref.class_name}.{self._name} is not annotated as an endpoint. To call "
             f"it as one, add a @endpoint decorator to it, or directly wrap it in one "
             f"as_endpoint(obj.method).call(...)"
         )
 
     call = call_one = choose = stream = broadcast = __call__ = _fail
+
+    def as_endpoint(self, propagate: Propagator, explicit_response_port: bool) -> ActorEndpoint[Any]:
+        """This method as an endpoint (see ``as_endpoint``)."""
+        method = getattr(self._ref.cls, self._name)
+        return ActorEndpoint(
+            self._mesh, self._ref, self._name, EndpointProperty(method, propagate, explicit_response_port)
+        )
 
 
 def as_endpoint(
@@ -309,6 +338,4 @@ def as_endpoint(
     """Turn a non-decorated method of a spawned mesh into an endpoint."""
     if not isinstance(not_an_endpoint, NotAnEndpoint):
         raise ValueError("expected an method of a spawned actor")
-    mesh, name = not_an_endpoint._mesh, not_an_endpoint._name
-    method = getattr(mesh._class, name)
-    return ActorEndpoint(mesh, name, EndpointProperty(method, propagate, explicit_response_port))
+    return not_an_endpoint.as_endpoint(propagate, explicit_response_port)

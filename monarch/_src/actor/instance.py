@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from monarch._src.actor import proc as this_proc_state
 from monarch._src.actor.actor import endpoint_table, is_async_actor
 from monarch._src.actor.context import (
     SINGLETON_POINT,
     current_instance,
     current_message_rank,
-    extent_of,
     point_of,
 )
 from monarch._src.actor.coroutines import is_coroutine
@@ -38,23 +34,24 @@ from monarch._src.actor.errors import (
 )
 from monarch._src.actor.future import mark_sync_actor_thread
 from monarch._src.actor.port import DROPPING_PORT, Port
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.proc_mesh import proc_mesh_reference, stop_actors
+from monarch._src.actor.process_state import runtime, this_process
+from monarch._src.actor.supervision import (
+    actor_failed,
+    actor_stopped,
+    mark_stopped,
+    owned_meshes,
+    root_unhandled,
+)
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.point import Point
 from monarch._src.transport.cork import flush_corked
 from monarch._src.wire import payload
 from monarch._src.wire.protocol import (
-    ACTOR,
-    ADDRESSES,
-    BOOT,
-    CREATOR,
     ENDPOINT,
     EXTENT,
-    NAME,
-    OWNER,
     RANK,
     REPLY_PORT,
-    TIMEOUT,
 )
 
 if TYPE_CHECKING:
@@ -62,7 +59,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("monarch.actor")
 
-_INIT, _MESSAGE, _STOP, _SUPERVISE = 0, 1, 2, 3
+#: What a mailbox item is: (kind, header, bodies).
+INIT, MESSAGE, STOP, SUPERVISE = 0, 1, 2, 3
 ROOT_KEY = "root"
 
 
@@ -154,8 +152,6 @@ class ActorInstance:
     @property
     def proc_mesh(self) -> Any:
         """A reference to the process mesh this actor was spawned on, to spawn siblings beside it."""
-        from monarch._src.actor.proc_mesh import proc_mesh_reference
-
         return proc_mesh_reference(
             self._proc_addresses, Extent(self.rank.extent.labels, self.rank.extent.sizes)
         )
@@ -188,10 +184,10 @@ class ActorInstance:
     def enqueue_init(self, init: tuple) -> None:
         """Queue ``__init__`` first, before any message can be queued (call before registering)."""
         if self.is_async:
-            self._deque.append((_INIT, None, init))
+            self._deque.append((INIT, None, init))
         else:
             self._queue = queue.SimpleQueue()
-            self._queue.put((_INIT, None, init))
+            self._queue.put((INIT, None, init))
 
     def start(self) -> None:
         """Begin processing the mailbox (``__init__`` first)."""
@@ -246,9 +242,9 @@ class ActorInstance:
                 )
             except (queue.Empty, IndexError):
                 return unrun
-            if kind == _MESSAGE:
+            if kind == MESSAGE:
                 self._not_run(header, unrun)
-            elif kind == _STOP:
+            elif kind == STOP:
                 self._stopped(header)
 
     def _not_run(self, header: dict, unrun: list[str]) -> None:
@@ -262,11 +258,17 @@ class ActorInstance:
     def _report_unrun(self, unrun: list[str]) -> None:
         """Tell the owner about broadcasts that reached this actor after it stopped."""
         if unrun:
-            from monarch._src.actor.supervision import actor_stopped
-
-            actor_stopped(self, _unrun_report(str(self), unrun))
+            actor_stopped(self, unrun_report(str(self), unrun))
 
     # -- runners ----------------------------------------------------------------------------
+
+    def _begin_running(self, header: dict) -> bool:
+        """Mark the message running, unless a process stop means it is not run (then False)."""
+        if self._stop_now:
+            self._not_run(header, self._unrun)
+            return False
+        self._running, self._running_since = header[ENDPOINT], time.monotonic()
+        return True
 
     def _thread_main(self) -> None:
         mark_sync_actor_thread()
@@ -280,24 +282,16 @@ class ActorInstance:
             except queue.Empty:
                 flush_corked()  # replies corked in a burst go out before this thread sleeps
                 kind, header, bodies = q.get()
-            if kind == _MESSAGE:
-                if self._stop_now:
-                    self._not_run(header, self._unrun)
-                    continue
-                self._running, self._running_since = header[ENDPOINT], time.monotonic()
-                self._handle_sync(header, bodies)
-                self._running = None
-            elif kind == _INIT:
+            if kind == MESSAGE:
+                if self._begin_running(header):
+                    self._handle_sync(header, bodies)
+                    self._running = None
+            elif kind == INIT:
                 self._construct(bodies)
-            elif kind == _SUPERVISE:
-                try:
-                    handled = self.actor.__supervise__(header)
-                    if _is_awaitable(handled):  # async __supervise__ runs on the loop
-                        handled = _run_on_loop(handled)
-                except BaseException as e:  # noqa: B036 - reported, never silently lost
-                    self._supervise_raised(header, e)
-                else:
-                    self._supervised(header, handled)
+            elif kind == SUPERVISE:
+                pending = self._supervise_step(header, self.actor.__supervise__, header)
+                if pending is not None:  # async __supervise__ runs on the loop
+                    self._supervise_step(header, _run_on_loop, pending)
             else:
                 self._stop_sync(header)
                 return
@@ -317,24 +311,16 @@ class ActorInstance:
                 self._wakeup = loop.create_future()
                 await self._wakeup
             kind, header, bodies = dq.popleft()
-            if kind == _MESSAGE:
-                if self._stop_now:
-                    self._not_run(header, self._unrun)
-                    continue
-                self._running, self._running_since = header[ENDPOINT], time.monotonic()
-                await self._handle_async(header, bodies)
-                self._running = None
-            elif kind == _INIT:
+            if kind == MESSAGE:
+                if self._begin_running(header):
+                    await self._handle_async(header, bodies)
+                    self._running = None
+            elif kind == INIT:
                 self._construct(bodies)
-            elif kind == _SUPERVISE:
-                try:
-                    handled = self.actor.__supervise__(header)
-                    if _is_awaitable(handled):
-                        handled = await handled
-                except BaseException as e:  # noqa: B036 - reported, never silently lost
-                    self._supervise_raised(header, e)
-                else:
-                    self._supervised(header, handled)
+            elif kind == SUPERVISE:
+                pending = self._supervise_step(header, self.actor.__supervise__, header)
+                if pending is not None:
+                    self._supervise_step(header, await _settled(pending))
             else:
                 await self._stop_async(header)
                 return
@@ -499,8 +485,6 @@ class ActorInstance:
         self._failed(f"{during} raised:\n{format_remote_exception(e)}")
 
     def _failed(self, what: str) -> None:
-        from monarch._src.actor.supervision import actor_failed
-
         if self.failure is not None:
             return
         self.failure = f"The actor {self} and all its descendants have failed: {what}"
@@ -510,14 +494,26 @@ class ActorInstance:
 
     def supervise(self, failure: Any) -> None:
         """A mesh this actor owns failed: ``__supervise__`` decides, else this actor fails."""
-        from monarch._src.actor.supervision import root_unhandled
-
         if self.is_root:
             root_unhandled(failure)
         elif self.failure is None and getattr(self.actor, "__supervise__", None) is not None:
-            self.put((_SUPERVISE, failure, None))
+            self.put((SUPERVISE, failure, None))
         else:
             self._supervised(failure, False)
+
+    def _supervise_step(self, failure: Any, step: Callable[..., Any], *args: Any) -> Any:
+        """One step of supervising ``failure``: ``__supervise__`` itself, or the wait for the
+        awaitable it returned. What the step raises or returns is acted on here, except an
+        awaitable, returned for the runner to wait on (on the loop, or awaited)."""
+        try:
+            handled = step(*args)
+        except BaseException as e:  # noqa: B036 - reported, never silently lost
+            self._supervise_raised(failure, e)
+            return None
+        if _is_awaitable(handled):
+            return handled
+        self._supervised(failure, handled)
+        return None
 
     def _supervised(self, failure: Any, handled: Any) -> None:
         if not handled:
@@ -531,7 +527,7 @@ class ActorInstance:
 
     def stop(self, reason: str | None = None) -> None:
         """Stop this actor after the messages already queued (graceful self-stop)."""
-        self.put((_STOP, None, None))
+        self.put((STOP, None, None))
 
     def abort(self, reason: str | None = None) -> None:
         """Fail this actor now; the failure goes to its owner."""
@@ -543,9 +539,6 @@ class ActorInstance:
 
     def _stop_owned_meshes(self) -> list[Any]:
         """Stopping an actor stops the meshes it owns first (their ``__cleanup__`` runs first)."""
-        from monarch._src.actor.proc_mesh import stop_actors
-        from monarch._src.actor.supervision import mark_stopped, owned_meshes
-
         futures = []
         for key, name, addresses in owned_meshes(self.key):
             mark_stopped(key, f"its owner {self.name} stopped")
@@ -557,7 +550,7 @@ class ActorInstance:
         """Stop as soon as the running endpoint returns: what is still queued is not run
         (callers get an error, the owner hears of broadcasts); ``done`` once stopped."""
         self._stop_now = True
-        self.put((_STOP, {"done": done}, None))
+        self.put((STOP, {"done": done}, None))
 
     def activity(self) -> str:
         """What keeps this actor from stopping, for stop reports (asked while a stop is queued,
@@ -593,7 +586,7 @@ class ActorInstance:
     def _stop_sync(self, header: dict | None) -> None:
         for f in self._stop_owned_meshes():
             try:
-                f.get(timeout=_cleanup_timeout())
+                f.get(timeout=cleanup_timeout())
             except Exception as e:  # the owned mesh is marked stopped here either way
                 logger.warning("stopping a mesh owned by %s: %s", self, e)
         cleanup = getattr(self.actor, "__cleanup__", None)
@@ -614,7 +607,7 @@ class ActorInstance:
         owned = self._stop_owned_meshes()
         if owned:
             stops = [asyncio.ensure_future(_await(f)) for f in owned]
-            finished, _ = await asyncio.wait(stops, timeout=_cleanup_timeout())
+            finished, _ = await asyncio.wait(stops, timeout=cleanup_timeout())
             for t in finished:
                 if t.exception() is not None:  # the owned mesh is marked stopped here either way
                     logger.warning("stopping a mesh owned by %s: %s", self, t.exception())
@@ -627,14 +620,11 @@ class ActorInstance:
         self._stopped(header)
 
     def _stopped(self, header: dict | None) -> None:
-        from monarch._src.actor.supervision import actor_stopped
-
         if not self.stopped:
             self.stopped = True
-            _forget(self)
-            this_proc_state.unregister_actor(self.key)
+            this_process.unregister_actor(self)
             unrun = self._unrun + self._reject_queued()
-            actor_stopped(self, _unrun_report(str(self), unrun) if unrun else None)
+            actor_stopped(self, unrun_report(str(self), unrun) if unrun else None)
         spec = header.pop(REPLY_PORT, None) if header else None  # None: stop_overdue answered already
         if spec:
             assert header is not None  # spec came from it
@@ -645,13 +635,13 @@ class ActorInstance:
             done()
 
 
-def _unrun_report(actor: str, endpoints: list[str]) -> str:
+def unrun_report(actor: str, endpoints: list[str]) -> str:
     """What the owner is told of broadcasts an actor never ran: "... 3 broadcast(s): f() x2, g() x1"."""
     counts = ", ".join(f"{n}() x{c}" for n, c in collections.Counter(endpoints).items())
     return f"The actor {actor} stopped before it ran {len(endpoints)} broadcast(s): {counts}."
 
 
-def _cleanup_timeout() -> float:
+def cleanup_timeout() -> float:
     from monarch._src.runtime.config import CONFIG
 
     return CONFIG.cleanup_timeout_s
@@ -677,192 +667,37 @@ def _drop_runtime_frames(e: BaseException) -> None:
         e.__traceback__ = tb
 
 
+async def _settled(aw: Any) -> Callable[[], Any]:
+    """Wait for ``aw``; returns what gives its result, or raises its exception, when called."""
+    try:
+        value = await aw
+    except BaseException as e:  # noqa: B036 - raised again by the caller, where it is reported
+        error = e  # ``e`` itself is unbound once the block ends
+
+        def reraise() -> Any:
+            raise error
+
+        return reraise
+    return lambda: value
+
+
 async def _await(aw: Any) -> Any:
     return await aw
 
 
-# -- frame handlers (registered on the runtime by ``proc``) --------------------------------------
-
-
-def handle_spawn(header: dict, bodies: list) -> None:
-    """Create the actor's mailbox now, so messages that follow the spawn find it."""
-    labels, sizes = header[EXTENT]
-    creator = header.get(CREATOR)
-    try:
-        cls, args, kwargs = payload.loads(bodies)
-        init: tuple = (cls, args, kwargs)
-    except Exception as e:
-        cls, init = None, (None, e, None)
-    inst = ActorInstance(
-        key=header[ACTOR],
-        name=header[NAME],
-        cls=cls,
-        rank=Point(header[RANK], extent_of(labels, sizes)),
-        proc_addresses=tuple(header[ADDRESSES]),
-        creator=CreatorInstance(*creator) if creator else None,
-        owner=tuple(header[OWNER]) if header.get(OWNER) else None,  # type: ignore[arg-type]
-    )
-    inst.enqueue_init(init)
-    with _early_lock:
-        this_proc_state.register_actor(inst)
-        if _early:
-            _release_early(inst)
-    if header.get(BOOT):
-        inst.start()  # the bootstrap actor is what the readiness gate waits for
-    else:
-        this_proc_state.when_proc_ready(inst.start)
-
-
-#: Actors this process creates on first use (e.g. the client's controller registry), by key.
-on_demand_actors: dict[str, Callable[[], None]] = {}
-
-
-#: Messages for actors whose spawn has not arrived yet: a mesh reference can travel by another
-#: route (another process) and overtake the spawn. Held for at most EARLY_MESSAGE_TIMEOUT_S.
-EARLY_MESSAGE_TIMEOUT_S = 30.0
-_early: dict[str, list[tuple[dict, list]]] = {}
-_early_lock = threading.Lock()
-#: Actors stopped here (bounded), by key, so that late messages fail at once and the owner
-#: hears of late broadcasts: key -> (owner, name, rank, description, why it is gone).
-_gone: collections.OrderedDict[str, tuple[Any, str, int, str, str]] = collections.OrderedDict()
-
-
-def handle_message(header: dict, bodies: list) -> None:
-    key = header[ACTOR]
-    inst = this_proc_state.lookup(key)
-    if inst is None and key in on_demand_actors:
-        on_demand_actors[key]()
-        inst = this_proc_state.lookup(key)
-    if inst is None:
-        with _early_lock:
-            inst = this_proc_state.lookup(key)  # the spawn may have landed meanwhile
-            if inst is None and key not in _gone:
-                held = _early.get(key)
-                if held is None:
-                    held = _early[key] = []
-                    rt = runtime()
-                    rt.loop_thread.call_soon(rt.loop.call_later, EARLY_MESSAGE_TIMEOUT_S, _expire_early, key)
-                held.append((header, bodies))
-                return
-        if inst is None:
-            gone = _gone.get(key)
-            _reject(header, gone[4] if gone is not None else "it was stopped")
-            return
-    inst.put((_MESSAGE, header, bodies))
-
-
-def _reject(header: dict, why: str) -> None:
-    """A message for an actor that is not here: the caller gets the error; for a broadcast,
-    the owner of the stopped actor is told (one that never arrived has nobody to tell but the log)."""
-    spec = header.get(REPLY_PORT)
-    what = f"no actor {header[ACTOR]} in process {os.getpid()} ({why})"
-    if spec:
-        Port(spec[0], spec[1], header.get(RANK)).exception(
-            SupervisionError(f"Endpoint call {header[ENDPOINT]}() failed, {what}")
-        )
-        return
-    from monarch._src.actor.supervision import report_stopped
-
-    gone = _gone.get(header[ACTOR])
-    if gone is None:
-        logger.error("a broadcast of endpoint %s() was not run: %s", header[ENDPOINT], what)
-        sys.stderr.write(f"monarch: a broadcast of endpoint {header[ENDPOINT]}() was not run: {what}\n")
-        return
-    owner, name, rank, description, _ = gone
-    report_stopped(owner, header[ACTOR], name, rank, _unrun_report(description, [header[ENDPOINT]]))
-
-
-def _expire_early(key: str) -> None:
-    with _early_lock:
-        held = _early.pop(key, None)
-    for header, _ in held or ():
-        _reject(header, f"it was not spawned here within {EARLY_MESSAGE_TIMEOUT_S:.0f} s")
-
-
-def _release_early(inst: ActorInstance) -> None:
-    """Queue the messages that arrived before this actor's spawn, in order (lock held)."""
-    for header, bodies in _early.pop(inst.key, None) or ():
-        inst.put((_MESSAGE, header, bodies))
-
-
-def _forget(inst: ActorInstance) -> None:
-    with _early_lock:
-        _gone[inst.key] = (inst.owner, inst.name, inst.rank.rank, str(inst), inst.failure or "it was stopped")
-        while len(_gone) > 4096:
-            _gone.popitem(last=False)
-
-
-def handle_stop_actor(header: dict, bodies: list) -> None:
-    """Stop after the messages queued before this; past the sender's bound ("t" seconds) the
-    sender is told what the actor is still running instead of waiting for it (runs on the loop)."""
-    inst = this_proc_state.lookup(header[ACTOR])
-    if inst is None:
-        spec = header.get(REPLY_PORT)
-        if spec:
-            ack: Port[None] = Port(spec[0], spec[1], header.get(RANK))  # the stop is acknowledged, no value
-            ack.send(None)
-        return
-    timeout = header.get(TIMEOUT)
-    if timeout is not None and header.get(REPLY_PORT):
-        runtime().loop.call_later(timeout, inst.stop_overdue, header, timeout)
-    inst.put((_STOP, header, bodies))
-
-
-def handle_stop_proc(header: dict, bodies: list) -> None:
-    """Stop every actor of this process at once (queued messages are not run; each actor
-    reports itself stopped), then exit; after ``cleanup_timeout_s`` exit anyway, telling each
-    owner whose ``__cleanup__`` did not run and why."""
-    insts = this_proc_state.all_actors()
-    if not insts:
-        this_proc_state.request_process_exit()
-        return
-    remaining = [len(insts)]
-    lock = threading.Lock()
-
-    def one_done() -> None:
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            this_proc_state.request_process_exit()
-
-    timeout = _cleanup_timeout()
-
-    def overdue() -> None:
-        from monarch._src.actor.supervision import actor_stopped
-
-        for inst in insts:
-            if not inst.stopped:
-                actor_stopped(
-                    inst,
-                    f"{inst.activity()} when its process stopped: its __cleanup__ did not run, "
-                    f"the process exited after waiting {timeout:g} s (MONARCH_CLEANUP_TIMEOUT_S).",
-                )
-        this_proc_state.request_process_exit()
-
-    rt = runtime()
-    rt.loop_thread.call_soon(rt.loop.call_later, timeout, overdue)
-    for inst in insts:
-        inst.stop_now(one_done)
-
-
-_root: ActorInstance | None = None
-_root_lock = threading.Lock()
-
-
 def root_instance() -> ActorInstance:
     """The client's root actor: the context of code running outside any actor."""
-    global _root
-    if _root is None:
-        with _root_lock:
-            if _root is None:
-                rt = runtime()
-                _root = ActorInstance(
+    root = this_process.root
+    if root is None:
+        with this_process.root_lock:
+            root = this_process.root
+            if root is None:
+                root = this_process.root = ActorInstance(
                     key=ROOT_KEY,
                     name="root",
                     cls=None,
                     rank=SINGLETON_POINT,
-                    proc_addresses=(rt.address,),
+                    proc_addresses=(runtime().address,),
                     creator=None,
                 )
-    return _root
+    return root

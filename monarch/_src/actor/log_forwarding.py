@@ -36,7 +36,7 @@ from typing import Any
 from monarch._src.actor.future import Future, completed_future, pending_future, set_result
 from monarch._src.actor.log_aggregator import Aggregator
 from monarch._src.actor.port import Port, PortHandler
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch._src.runtime.output_writer import stream_writer
 from monarch._src.wire.protocol import (
     END_OF_STREAM,

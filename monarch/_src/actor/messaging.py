@@ -8,7 +8,7 @@ from typing import Any, Generic, TypeVar
 from monarch._src.actor.collectors import fold_stream
 from monarch._src.actor.endpoint import ActorEndpoint, Selection
 from monarch._src.actor.future import Future
-from monarch._src.actor.port import Port, port_receiver
+from monarch._src.actor.port import Port
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -26,12 +26,7 @@ def send(
         raise TypeError(f"send() needs an endpoint of a spawned mesh (mesh.method), got {endpoint!r}")
     if selection not in ("all", "choose"):
         raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
-    endpoint._mesh._check_usable(endpoint._name)
-    sent = endpoint._send(tuple(args), dict(kwargs), port=port, selection=selection)
-    receiver = port_receiver(port) if port is not None else None
-    if receiver is not None:  # a receiver here must not wait forever on a sender that died
-        receiver.label = f"{endpoint._mesh._mesh_name}.{endpoint._name}"
-        receiver.expect_from(sent)
+    endpoint.send_to_port(tuple(args), dict(kwargs), port, selection)
 
 
 class Accumulator(Generic[R, A]):

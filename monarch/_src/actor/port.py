@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 from monarch._src.actor import supervision
 from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.future import Future, pending_future, set_exception, set_result
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch._src.wire import payload
 from monarch._src.wire.protocol import FLAG_EXCEPTION, FLAGS, PORT_ID, RANK, port_value
 
@@ -147,6 +147,10 @@ class Port(Generic[R]):
         if self._port_id == 0:
             return  # a dropping port (no reply expected)
         runtime().send(self._address, port_value(self._port_id, self._rank, flags), payload.dumps(obj))
+
+    def reply_to(self) -> list[Any]:
+        """Internal: ``[process address, port id]``, the reply-port field of a message header."""
+        return [self._address, self._port_id]
 
     def _with_rank(self, rank: int) -> Port[R]:
         return Port(self._address, self._port_id, rank, self._once)

@@ -24,7 +24,7 @@ from monarch._src.actor.future import (
     set_exception,
     set_result,
 )
-from monarch._src.actor.proc import lookup, runtime, set_proc_ready
+from monarch._src.actor.process_state import runtime, this_process
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.mesh_trait import MeshTrait
 from monarch._src.mesh.shape import Shape
@@ -198,7 +198,7 @@ class ProcMesh(MeshTrait):
         printing is never filtered. ``prefix_with_rank`` (monarch-aio): start each forwarded
         line with the worker's rank, e.g. ``[gpus=1] ``. Returns once every worker applied it.
         """
-        from monarch._src.actor import log_forwarding
+        from monarch._src.actor import log_forwarding  # only once asked: import monarch.actor stays lean
         from monarch._src.mesh.point import Point
 
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 255:
@@ -266,7 +266,7 @@ class _SetupActor(Actor):
         except Exception as e:
             self._error = e
         finally:
-            set_proc_ready(True)
+            this_process.set_ready(True)
 
     @endpoint
     def result(self) -> bool:
@@ -295,9 +295,7 @@ def run_bootstrap(mesh: ProcMesh, fn: Callable[[], Any]) -> Future[Any]:
 
 
 def _register_on_demand() -> None:
-    from monarch._src.actor import instance
-
-    instance.on_demand_actors[_REGISTRY_KEY] = _start_registry
+    this_process.on_demand_actors[_REGISTRY_KEY] = _start_registry
 
 
 def this_proc() -> ProcMesh:
@@ -329,13 +327,13 @@ _registry_lock = threading.Lock()
 
 def _start_registry() -> None:
     """Create the registry in the client the first time anyone (client or actor) asks."""
-    from monarch._src.actor import instance
+    from monarch._src.actor import dispatch  # above the meshes in the package's module order
 
     with _registry_lock:
-        if lookup(_REGISTRY_KEY) is not None:
+        if this_process.lookup(_REGISTRY_KEY) is not None:
             return
         address = runtime().address
-        instance.handle_spawn(
+        dispatch.handle_spawn(
             protocol.spawn(
                 _REGISTRY_KEY, "controllers", 0, [[], []], (address,), ["root", "root", "<root>"], None
             ),

@@ -23,7 +23,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from monarch._src.actor.errors import SupervisionError
-from monarch._src.actor.proc import lookup, runtime
+from monarch._src.actor.process_state import runtime, this_process
 from monarch._src.wire import protocol
 from monarch._src.wire.protocol import ACTOR, MESH, NAME, RANK, REPORT, STOPPED
 
@@ -263,7 +263,7 @@ def process_exited(address: str, how: str, expected: bool = False) -> None:
 
     ``expected`` (it was asked to stop) fails what still waits on it but reports no failure.
     """
-    from monarch._src.actor.port import fail_waiting_on
+    from monarch._src.actor.port import fail_waiting_on  # ports ask supervision which peers died
 
     if expected:
         report = f"the process {address} this actor was running on was stopped"
@@ -318,7 +318,7 @@ def _deliver(
                 _failed.setdefault(mesh_key, {})[owned.addresses[rank]] = report
             _rank_done(mesh_key, owned, rank)
     failure = MeshFailure(name or mesh_key, [rank], report)
-    owner = lookup(owner_key) if owner_key and owner_key != "root" else None
+    owner = this_process.lookup(owner_key) if owner_key and owner_key != "root" else None
     if owner is not None and not owner.stopped:
         owner.supervise(failure)
     elif owner_key == "root" or owner_key is None or _is_root_process():

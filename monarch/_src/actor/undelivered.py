@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from monarch._src.actor import port, supervision
-from monarch._src.actor.proc import lookup
+from monarch._src.actor.process_state import this_process
 from monarch._src.wire.protocol import ACTOR, ENDPOINT, KIND, MSG_KIND, PORT_ID, PORT_KIND, RANK, REPLY_PORT
 
 logger = logging.getLogger("monarch.actor")
@@ -32,7 +32,7 @@ def message_rejected(header: dict, error: BaseException) -> None:
     if isinstance(spec, list) and len(spec) == 2:
         port.Port(spec[0], spec[1], header.get(RANK)).exception(error)
         return
-    inst = lookup(header.get(ACTOR)) if kind == MSG_KIND else None  # type: ignore[arg-type]
+    inst = this_process.lookup(header.get(ACTOR)) if kind == MSG_KIND else None  # type: ignore[arg-type]
     if inst is not None:
         supervision.actor_failed(
             inst,

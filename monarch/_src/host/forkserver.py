@@ -32,7 +32,7 @@ from monarch._src.runtime import parent_death
 FORKSERVER_ENV = "MONARCH_FORKSERVER"
 FORKSERVER_MODULE = "monarch._src.host.forkserver"
 #: Modules every worker needs, imported by the template for all of them.
-RUNTIME_MODULES = ["monarch._src.runtime.bootstrap", "monarch._src.actor.proc", "cloudpickle"]
+RUNTIME_MODULES = ["monarch._src.runtime.bootstrap", "monarch._src.actor.process_state", "cloudpickle"]
 
 
 class ForkedProc:

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from monarch._src.actor import proc_mesh as proc_mesh_module
 from monarch._src.actor.future import Future, completed_future
-from monarch._src.actor.proc import current_runtime, retire_runtime
 from monarch._src.actor.proc_mesh import ProcMesh, run_bootstrap
+from monarch._src.actor.process_state import retire_runtime
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.mesh_trait import MeshTrait
 from monarch._src.mesh.point import Point
@@ -157,8 +157,7 @@ def shutdown_context() -> Future[None]:
         if _shutdown_done:
             return completed_future(None)
         _shutdown_done = True
-    retire_runtime()
-    rt = current_runtime()
+    rt = retire_runtime()
     if rt is not None and not rt.closed:
         from monarch._src.host.log_capture import flush_at_exit
         from monarch._src.host.spawner import stop_all_groups

@@ -32,7 +32,7 @@ from typing import Any
 from monarch._src.actor.future import add_done_callback
 from monarch._src.actor.log_forwarding import CONTROL_MARK, ask_workers, flush_aggregators
 from monarch._src.actor.port import Port
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch._src.runtime import output_writer
 from monarch._src.runtime.output_writer import stream_writer
 from monarch._src.wire import protocol

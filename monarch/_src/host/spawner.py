@@ -23,7 +23,7 @@ from monarch._src.actor import config as actor_config
 from monarch._src.actor import supervision
 from monarch._src.actor.future import Future, add_done_callback, pending_future, set_result
 from monarch._src.actor.log_forwarding import CAPTURE_ENV
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch._src.host import log_capture
 from monarch._src.runtime import framework_log
 from monarch._src.runtime.bootstrap import BOOTSTRAP_ENV
@@ -33,7 +33,7 @@ from monarch._src.wire.protocol import stop_proc
 logger = logging.getLogger("monarch.host")
 
 WORKER_MODULE = "monarch._src.runtime.bootstrap"
-INIT_MODULES = ["monarch._src.actor.proc"]
+INIT_MODULES = ["monarch._src.actor.process_state"]
 
 _live_groups: weakref.WeakSet[ProcGroup] = weakref.WeakSet()
 _groups_lock = threading.Lock()

@@ -42,10 +42,15 @@ def run_on_main_thread(fn: Callable[[], Any]) -> None:
     _main_queue.put(fn)
 
 
-def _leave_when_parent_dies(rt: Runtime, death_fd: int) -> None:
+def _leave_when_parent_dies(death_fd: int) -> None:
+    """Watch from before the runtime exists: once it accepts frames, user code (a ``bootstrap``
+    function) may run at any moment, and may leave no room for another thread."""
+
     def parent_died() -> None:
         try:
-            rt.leave_orphaned_job()
+            rt = Runtime.current()
+            if rt is not None:
+                rt.leave_orphaned_job()
         finally:
             _exit_now(0)
 
@@ -91,10 +96,9 @@ def main() -> None:
         hook = getattr(importlib.import_module(module), "on_worker_start", None)
         if hook is not None:
             hook(config)
+    _leave_when_parent_dies(config["death_fd"])
     listen = socket.socket(fileno=config["listen_fd"])
     rt = Runtime(secret=secret, socket_dir=config["socket_dir"], listen_sock=listen)
-    Runtime.install(rt)
-    _leave_when_parent_dies(rt, config["death_fd"])
     while True:
         work = _main_queue.get()
         if isinstance(work, int):

@@ -58,7 +58,7 @@ def bind_unix_socket(path: str) -> socket.socket:
 
 
 class Runtime:
-    """See the module docstring. Use ``Runtime.get()`` for this process's instance."""
+    """See the module docstring. The one instance of this process is ``Runtime.current()``."""
 
     _instance: ClassVar[Runtime | None] = None
     _instance_lock: ClassVar[threading.RLock] = threading.RLock()
@@ -110,29 +110,10 @@ class Runtime:
     # -- process-wide instance ----------------------------------------------------------------
 
     @classmethod
-    def get(cls) -> Runtime:
-        rt = cls._instance
-        if rt is not None and not rt.closed:
-            return rt
-        with cls._instance_lock:
-            if cls._instance is not None and cls._instance.closed:
-                raise RuntimeError(
-                    "the monarch client of this process was shut down (shutdown_context()) and "
-                    "cannot be restarted in the same process.\nHINT: start a new process."
-                )
-            if cls._instance is None:
-                cls.install(new_client_runtime())
-            return cls._instance  # type: ignore[return-value]
-
-    @classmethod
     def current(cls) -> Runtime | None:
+        """This process's runtime if one was made (closed or not). Above this layer, use the
+        actor layer's ``process_state.runtime()``, which also starts one in a client."""
         return cls._instance
-
-    @classmethod
-    def install(cls, rt: Runtime) -> None:
-        """Make ``rt`` this process's runtime."""
-        with cls._instance_lock:
-            cls._instance = rt
 
     @classmethod
     def add_start_hook(cls, hook: Callable[[Runtime], None]) -> None:
