@@ -26,13 +26,17 @@ import asyncio
 import collections
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from monarch._src.transport import auth
+from monarch._src.transport.address import TcpAddress, parse
 from monarch._src.transport.cork import note_corked
+from monarch._src.transport.tls import HINT as TLS_HINT
+from monarch._src.transport.tls import TlsError
 
 logger = logging.getLogger("monarch.transport")
 
@@ -68,16 +72,20 @@ class OutgoingConnection:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        path: str,
+        address: str,
         secret: bytes,
         on_close: Callable[[OutgoingConnection, BaseException], None],
         name: str,
         loop_ident: int | None,
         unreachable_timeout_s: float,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._loop = loop
         self._loop_ident = loop_ident
-        self._path = path
+        self._address = parse(address)
+        #: TLS for a TCP peer when configured; None: the socket carries plaintext.
+        self._tls = tls if isinstance(self._address, TcpAddress) else None
+        self._tls_done = False
         self._secret = secret
         self._on_close = on_close
         #: Run (on the loop thread) once the handshake completes.
@@ -88,7 +96,7 @@ class OutgoingConnection:
         self.name = name
         self._lock = threading.Lock()
         self._queue: collections.deque[Any] = collections.deque()  # buffers, as sent
-        self._sock: socket.socket | None = None
+        self._sock: socket.socket | None = None  # an ssl.SSLSocket under TLS
         self._writer_registered = False
         self._flush_scheduled = False
         self._last_direct_send = 0.0
@@ -227,24 +235,69 @@ class OutgoingConnection:
     async def _attempt(self) -> None:
         if self.closed:
             return
+        target = self._address
+        family: int
+        sockaddr: Any
         try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        except OSError as e:  # out of descriptors here: as transient as the peer being busy
+            if isinstance(target, TcpAddress):
+                infos = await self._loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+                family, sockaddr = infos[0][0], infos[0][4]
+            else:
+                family, sockaddr = socket.AF_UNIX, target.path
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as e:  # out of descriptors here, or the name not resolved: transient
             self._retry(e)
             return
         sock.setblocking(False)
         self._sock = sock
         try:
-            # A Unix socket connects at once or fails at once (EAGAIN: the backlog is full).
-            sock.connect(self._path)
+            if family == socket.AF_UNIX:
+                # A Unix socket connects at once or fails at once (EAGAIN: the backlog is full).
+                sock.connect(sockaddr)
+            else:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await self._loop.sock_connect(sock, sockaddr)
         except (FileNotFoundError, ConnectionRefusedError) as e:
+            # Listening sockets are bound before their process starts: a refusal means the
+            # process is gone (its host may be up, its port is closed).
             self._fail(PeerGoneError(f"nobody listens at {self.name} any more ({e})"))
             return
-        except OSError as e:
+        except OSError as e:  # a TCP peer not reached yet (no route, timed out): retried
             self._retry(e)
             return
-        if not self.closed:
-            self._loop.add_reader(sock.fileno(), self._readable)
+        if self.closed or self._sock is not sock:
+            return
+        if self._tls is not None:
+            self._sock = sock = self._tls.wrap_socket(sock, do_handshake_on_connect=False)
+            self._tls_step()
+            if self.closed:
+                return
+        self._loop.add_reader(sock.fileno(), self._readable)
+
+    def _tls_step(self) -> None:
+        """(loop thread) Drive the TLS handshake; the HMAC handshake then runs inside TLS."""
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            sock.do_handshake()  # type: ignore[attr-defined]
+        except ssl.SSLWantReadError:
+            return  # _readable steps again
+        except ssl.SSLWantWriteError:
+            self._loop.add_writer(sock.fileno(), self._tls_writable)
+            return
+        except ssl.SSLError as e:
+            self._fail(TlsError(f"TLS handshake with {self.name} failed: {e}\n{TLS_HINT}"))
+            return
+        except OSError as e:
+            self._lost(e)
+            return
+        self._tls_done = True
+
+    def _tls_writable(self) -> None:
+        if self._sock is not None:
+            self._loop.remove_writer(self._sock.fileno())
+        self._tls_step()
 
     def _retry(self, error: BaseException) -> None:
         """(loop thread, before the handshake completed) Try again later; frames stay queued."""
@@ -261,6 +314,7 @@ class OutgoingConnection:
         self._close_socket()
         self._handshake.clear()
         self._nonce_s = b""
+        self._tls_done = False
         self._loop.call_later(self._retry_delay, lambda: self._loop.create_task(self._attempt()))
         self._retry_delay = min(2 * self._retry_delay, RETRY_MAX_S)
 
@@ -276,9 +330,17 @@ class OutgoingConnection:
             )
 
     def _readable(self) -> None:
+        if self._tls is not None and not self._tls_done:
+            self._tls_step()
+            if not self._tls_done:
+                return
         try:
-            data = self._sock.recv(256)  # type: ignore[union-attr]
+            with self._lock:  # a TLS socket must not read while another thread writes to it
+                data = self._recv()
         except (BlockingIOError, InterruptedError):
+            return
+        except ssl.SSLError as e:
+            self._fail(TlsError(f"TLS with {self.name} failed: {e}\n{TLS_HINT}"))
             return
         except OSError as e:
             self._lost(e)
@@ -296,6 +358,26 @@ class OutgoingConnection:
             self._fail(e)
         except OSError as e:  # the peer went away while we answered its challenge
             self._retry(e)
+
+    def _recv(self) -> bytes:
+        """What the peer sent (b"" at its end); BlockingIOError if nothing yet."""
+        sock = self._sock
+        if self._tls is None:
+            return sock.recv(256)  # type: ignore[union-attr]
+        # TLS decrypts whole records, which may hold more than the readiness of the socket
+        # says: read until it has nothing more.
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(4096)  # type: ignore[union-attr]
+            except ssl.SSLWantReadError:
+                break
+            chunks.append(chunk)
+            if not chunk:
+                break
+        if not chunks:
+            raise BlockingIOError
+        return b"".join(chunks)
 
     def _handshake_step(self) -> None:
         if not self._nonce_s:
