@@ -36,7 +36,6 @@ from monarch._src.transport import auth
 from monarch._src.transport.address import TcpAddress, parse
 from monarch._src.transport.cork import note_corked
 from monarch._src.transport.tls import HINT as TLS_HINT
-from monarch._src.transport.tls import TlsError
 
 logger = logging.getLogger("monarch.transport")
 
@@ -60,6 +59,11 @@ class PeerGoneError(ConnectionRefusedError):
 
 class PeerUnreachableError(ConnectionError):
     """The peer could not be reached (or did not answer the handshake) within the bound."""
+
+
+class TlsError(PeerUnreachableError):
+    """The TLS handshake with the peer failed (a certificate missing, expired or not trusted):
+    it stays unreachable, so it is reported at once rather than retried."""
 
 
 def _nbytes(buffer: Any) -> int:

@@ -7,7 +7,7 @@ address): the CA says who belongs to the cluster, and the job secret, proved by 
 handshake that still runs inside TLS, says who belongs to the job. Unix sockets never use TLS.
 
 A failed TLS handshake is not worth retrying (the certificates will not change): the outgoing
-side fails the connection at once with ``TlsError``, whose message says what to check.
+side fails the connection at once (``outgoing.TlsError``), with a message that says what to check.
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ HINT = (
     "(settings tls_cert, tls_key and tls_ca; environment MONARCH_TLS_CERT, MONARCH_TLS_KEY, "
     "MONARCH_TLS_CA)."
 )
-
-
-class TlsError(ConnectionError):
-    """The TLS handshake with a peer failed (a certificate missing, expired or not trusted)."""
 
 
 @dataclass(frozen=True)
