@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import contextlib
+import glob
+import hashlib
+import hmac
 import os
 import shutil
+import socket
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from monarch._src.actor.proc import runtime
 from monarch._src.runtime.config import configured
+from monarch._src.transport.address import TcpAddress, parse
 from monarch.actor import Actor, endpoint, this_host
+
+#: The server's challenge: magic, version, nonce.
+CHALLENGE_BYTES = 4 + 1 + 32
 
 
 class Where(Actor):
@@ -92,3 +102,48 @@ def make_certs(folder: Path) -> dict[str, str]:
         )
     names = ["node.pem", "node.key", "rogue.pem", "rogue.key"]
     return {"ca": str(folder / "ca.pem"), **{n: str(folder / n) for n in names}}
+
+
+def worker_log(pid: int) -> str:
+    """The framework log of worker ``pid`` of this test client's job ("" before its first record)."""
+    from monarch._src.runtime import framework_log
+
+    files = glob.glob(os.path.join(framework_log.log_dir(), f"*-{pid}.log"))
+    return Path(files[0]).read_text() if files else ""
+
+
+def tcp_connect(address: str, timeout: float = 10.0) -> socket.socket:
+    """A plain TCP connection to the proc at ``address`` (a ``tcp:`` address)."""
+    parsed = parse(address)
+    assert isinstance(parsed, TcpAddress), address
+    return socket.create_connection((parsed.host, parsed.port), timeout=timeout)
+
+
+def handshake(sock: socket.socket, secret: bytes) -> bytes:
+    """Answer the server's challenge with ``secret``; return what the server answers (its
+    32-byte proof when the secret is right, b"" when it hangs up)."""
+    challenge = recv_exactly(sock, CHALLENGE_BYTES)
+    assert challenge.startswith(b"MNRC"), challenge
+    nonce_s, nonce_c = challenge[5:], os.urandom(32)
+    sock.sendall(nonce_c + hmac.digest(secret, b"C" + nonce_s + nonce_c, hashlib.sha256))
+    return recv_exactly(sock, 32)
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes, or fewer if the peer hangs up first."""
+    data = b""
+    while len(data) < n:
+        try:
+            chunk = sock.recv(n - len(data))
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def frame_head(header: dict[str, Any]) -> bytes:
+    """Prefix and header of a frame (its bodies, of the lengths in header["b"], follow)."""
+    head = msgpack.packb(header, use_bin_type=True)
+    return struct.pack("<I", len(head)) + head
