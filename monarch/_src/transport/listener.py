@@ -128,13 +128,9 @@ class Listener:
                 await self._loop.connect_accepted_socket(
                     lambda: conn, conn_sock, ssl=self._tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
                 )
-        except (OSError, asyncio.TimeoutError) as e:  # under TLS: the peer's certificate, say
+        except OSError as e:  # under TLS: no valid certificate, or no handshake in time
             conn_sock.close()
-            conn.abort(
-                e
-                if not isinstance(e, asyncio.TimeoutError)
-                else auth.HandshakeError("TLS handshake timed out")
-            )
+            conn.abort(e)
         except asyncio.CancelledError:  # evicted during its TLS handshake
             conn_sock.close()
 

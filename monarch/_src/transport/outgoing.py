@@ -240,43 +240,53 @@ class OutgoingConnection:
         if self.closed:
             return
         target = self._address
-        family: int
-        sockaddr: Any
-        try:
-            if isinstance(target, TcpAddress):
+        candidates: list[tuple[int, Any]]
+        if isinstance(target, TcpAddress):
+            try:
                 infos = await self._loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-                family, sockaddr = infos[0][0], infos[0][4]
-            else:
-                family, sockaddr = socket.AF_UNIX, target.path
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError as e:  # out of descriptors here, or the name not resolved: transient
-            self._retry(e)
-            return
-        sock.setblocking(False)
-        self._sock = sock
-        try:
-            if family == socket.AF_UNIX:
-                # A Unix socket connects at once or fails at once (EAGAIN: the backlog is full).
-                sock.connect(sockaddr)
-            else:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                await self._loop.sock_connect(sock, sockaddr)
-        except (FileNotFoundError, ConnectionRefusedError) as e:
-            # Listening sockets are bound before their process starts: a refusal means the
-            # process is gone (its host may be up, its port is closed).
-            self._fail(PeerGoneError(f"nobody listens at {self.name} any more ({e})"))
-            return
-        except OSError as e:  # a TCP peer not reached yet (no route, timed out): retried
-            self._retry(e)
-            return
-        if self.closed or self._sock is not sock:
-            return
-        if self._tls is not None:
-            self._sock = sock = self._tls.wrap_socket(sock, do_handshake_on_connect=False)
-            self._tls_step()
+            except OSError as e:  # the name not resolved (yet): as transient as an unreachable peer
+                self._retry(e)
+                return
+            candidates = [(info[0], info[4]) for info in infos]
+        else:
+            candidates = [(socket.AF_UNIX, target.path)]
+        refused: OSError | None = None
+        for family, sockaddr in candidates:  # a host name may resolve to several addresses
             if self.closed:
                 return
-        self._loop.add_reader(sock.fileno(), self._readable)
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError as e:  # out of descriptors here: as transient as the peer being busy
+                self._retry(e)
+                return
+            sock.setblocking(False)
+            self._sock = sock
+            try:
+                if family == socket.AF_UNIX:
+                    # A Unix socket connects at once or fails at once (EAGAIN: the backlog is full).
+                    sock.connect(sockaddr)
+                else:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    await self._loop.sock_connect(sock, sockaddr)
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                refused = e
+                self._close_socket()
+                continue
+            except OSError as e:  # a TCP peer not reached yet (no route, timed out): retried
+                self._retry(e)
+                return
+            if self.closed or self._sock is not sock:
+                return
+            if self._tls is not None:
+                self._sock = sock = self._tls.wrap_socket(sock, do_handshake_on_connect=False)
+                self._tls_step()
+                if self.closed:
+                    return
+            self._loop.add_reader(sock.fileno(), self._readable)
+            return
+        # Listening sockets are bound before their process starts: a refusal means the process
+        # is gone (its host may be up, but nothing listens on its port).
+        self._fail(PeerGoneError(f"nobody listens at {self.name} any more ({refused})"))
 
     def _tls_step(self) -> None:
         """(loop thread) Drive the TLS handshake; the HMAC handshake then runs inside TLS."""
