@@ -1,6 +1,7 @@
 """Lost TCP peers, seen by a proc that did not spawn them (so only its connections tell it):
 a killed peer fails the calls pending on it at once, and a frozen one (it never answers the
-handshake) once ``MONARCH_PEER_UNREACHABLE_S`` has passed; nothing waits forever."""
+handshake) once ``MONARCH_PEER_UNREACHABLE_S`` has passed; nothing waits forever. A connection
+that a live peer drops is re-established."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from tcp_helpers import Where, tcp_procs
 
 import monarch.actor
-from monarch.actor import ActorError, MeshFailure, endpoint
+from monarch.actor import ActorError, MeshFailure, concurrent_endpoint, endpoint
 
 UNREACHABLE_S = 1
 
@@ -23,6 +24,21 @@ class Target(Where):
     @endpoint
     async def hang(self) -> None:
         await asyncio.Event().wait()
+
+
+class Dropper(Where):
+    @concurrent_endpoint
+    async def never(self) -> None:
+        await asyncio.Event().wait()
+
+    @endpoint
+    async def drop_incoming(self) -> int:
+        from monarch._src.actor.proc import runtime
+
+        conns = list(runtime()._incoming)
+        for conn in conns:
+            conn.abort(ConnectionResetError("dropped by the test"))
+        return len(conns)
 
 
 class Relay(Where):
@@ -84,3 +100,16 @@ def test_frozen_tcp_peer_fails_calls_after_the_unreachable_bound(relay_and_targe
     assert f"could not be reached within {float(UNREACHABLE_S)}s" in str(info.value), str(info.value)
     assert UNREACHABLE_S <= took < UNREACHABLE_S + 3, took
     assert target.echo.call_one("thawed").get(timeout=10) == "thawed"  # the spawner's view is intact
+
+
+@pytest.mark.timeout(60)
+def test_tcp_connection_dropped_by_a_live_peer_is_re_established() -> None:
+    with tcp_procs() as pm:
+        a = pm.spawn("a", Dropper)
+        assert a.echo.call_one("before").get(timeout=30) == "before"
+        pending = a.never.call_one()
+        assert a.drop_incoming.call_one().get(timeout=10) >= 1
+        with pytest.raises(ConnectionError) as info:
+            pending.get(timeout=10)
+        assert "still alive" in str(info.value), str(info.value)
+        assert a.echo.call_one("after").get(timeout=10) == "after"

@@ -35,7 +35,9 @@ def enable_transport(transport: str) -> None:
             "MONARCH_TLS_CERT, MONARCH_TLS_KEY and MONARCH_TLS_CA, before enable_transport."
         )
     rt = Runtime.current()
-    if rt is not None and rt.transport != kind:
+    if rt is not None and rt.transport == kind:
+        return  # started on it already
+    if rt is not None:
         raise RuntimeError(
             "`enable_transport()` must be called before any other calls in the monarch API. "
             f"This process's runtime already started on {rt.transport!r} transport "
