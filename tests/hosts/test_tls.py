@@ -1,7 +1,8 @@
 """Optional TLS on TCP: with a certificate, its key and a CA configured, every TCP connection
 is TLS with mutual certificate verification, and the HMAC handshake runs inside it. A peer
 without a valid certificate is refused with a logged reason, and a caller gets a clear error
-at once, not a hang."""
+at once, not a hang. Connections still in their TLS handshake count among the pending
+handshakes, whose number is capped as on Unix sockets."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from helpers import REPO, wait_until
 from tcp_helpers import make_certs, recv_exactly
 
 from monarch._src.transport import tls
 from monarch._src.transport.address import TcpAddress, parse
+from monarch._src.transport.listener import MAX_PENDING_HANDSHAKES
 
 #: A client on TLS: spawns one proc (with argv[1]'s environment overrides) and calls it with
 #: 8 MiB; prints RESULT; then, if that worked, serves until its stdin closes.
@@ -59,6 +62,9 @@ SCRIPT = textwrap.dedent(
     pm.stop().get(timeout=10)
     """
 )
+
+
+IDLE_STRANGERS = 1000
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +114,14 @@ def host_port(address: str) -> tuple[str, int]:
     return parsed.host, parsed.port
 
 
-def first_bytes_without_a_certificate(address: str, ca: str) -> bytes:
-    """What a TLS client that trusts the CA but shows no certificate of its own gets to read
-    (TLS 1.3 finishes the client's side of the handshake before the server checks it)."""
+def first_bytes_over_tls(address: str, ca: str, cert: tuple[str, str] | None = None) -> bytes:
+    """What a TLS client that trusts the CA, showing ``cert`` (certificate, key) or none, gets
+    to read (TLS 1.3 finishes the client's side of the handshake before the server checks it)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     ctx.load_verify_locations(cafile=ca)
+    if cert is not None:
+        ctx.load_cert_chain(*cert)
     with socket.create_connection(host_port(address), timeout=10) as raw:
         try:
             with ctx.wrap_socket(raw) as s:
@@ -135,12 +143,23 @@ def test_tls_job_works_and_refuses_peers_without_a_valid_certificate(certs: dict
             s.sendall(b"hello, is this monarch?\r\n")
             assert not recv_exactly(s, 64).startswith(b"MNRC")
         # A TLS client without a certificate never gets the challenge either, and is logged.
-        assert not first_bytes_without_a_certificate(address, certs["ca"]).startswith(b"MNRC")
+        assert not first_bytes_over_tls(address, certs["ca"]).startswith(b"MNRC")
         log = Path(out["log"])
         wait_until(
             lambda: log.exists() and "PEER_DID_NOT_RETURN_A_CERTIFICATE" in log.read_text(),
             what="the refusal of the peer without a certificate to be logged",
         )
+        # Strangers that never start TLS count among the pending handshakes, whose number is
+        # capped; a peer with a valid certificate still gets the challenge after them.
+        strangers = [socket.create_connection(host_port(address), timeout=10) for _ in range(IDLE_STRANGERS)]
+        try:
+            cert = (certs["node.pem"], certs["node.key"])
+            assert first_bytes_over_tls(address, certs["ca"], cert).startswith(b"MNRC")
+            fds = psutil.Process(proc.pid).num_fds()
+            assert fds < MAX_PENDING_HANDSHAKES + 64, f"{fds} descriptors open for {IDLE_STRANGERS} strangers"
+        finally:
+            for s in strangers:
+                s.close()
     finally:
         finish(proc)
 
