@@ -17,7 +17,10 @@ import textwrap
 
 import netns
 import pytest
-from helpers import REPO
+from helpers import REPO, wait_until
+from tcp_helpers import Where, frame_head, handshake, tcp_connect, tcp_procs, worker_log
+
+from monarch._src.actor.proc import runtime
 
 #: Joins the job whose secret is on stdin, with a runtime listening on TCP at argv[1].
 JOIN = textwrap.dedent(
@@ -141,3 +144,28 @@ def test_large_buffers_go_inline_between_hosts_and_through_shm_within_one(cluste
     assert out["local"] == [out["expected"], "mmap"]
     assert len(out["lent_to_local"]) == 1
     assert host0_job  # (named in the files it would have lent)
+
+
+@pytest.mark.timeout(60)
+def test_a_frame_over_tcp_naming_a_shm_file_is_rejected_and_the_file_left_alone() -> None:
+    """A peer reached over TCP cannot make the receiver open (and consume) a file of its host's
+    /dev/shm, whatever the header of its frame says."""
+    name = f"monarch-{runtime().job_tag}-{os.urandom(8).hex()}"  # a live job's: never swept
+    path = os.path.join("/dev/shm", name)
+    with open(path, "wb") as f:
+        f.write(b"not yours")
+    try:
+        with tcp_procs() as pm:
+            pid, address = pm.spawn("where", Where).where.call_one().get(timeout=30)
+            with tcp_connect(address) as s:
+                assert len(handshake(s, runtime().secret)) == 32
+                s.sendall(frame_head({"k": 9999, "b": [0, len(name)], "shm": [1]}) + name.encode())
+                wait_until(
+                    lambda: "from another host that refers to shared memory" in worker_log(pid),
+                    what="the frame to be rejected",
+                )
+            assert "unknown kind 9999" not in worker_log(pid)  # rejected before it was routed
+        with open(path, "rb") as f:
+            assert f.read() == b"not yours"
+    finally:
+        os.unlink(path)
