@@ -60,6 +60,11 @@ class Runtime:
         owns_socket_dir: bool = False,
     ) -> None:
         self.secret = secret
+        # Settings first: a bad one raises before anything is made.
+        #: What this process's listener, and those of the processes it spawns, listen on.
+        self.transport = transport_of_config()
+        #: Under TLS (TCP only), the contexts of both sides of a connection.
+        self._tls = tls.contexts(CONFIG.tls_cert, CONFIG.tls_key, CONFIG.tls_ca)
         self.socket_dir = socket_dir
         self._owns_socket_dir = owns_socket_dir
         #: Names this job's shared-memory buffers (one socket directory per job).
@@ -68,10 +73,6 @@ class Runtime:
         self.max_frame_bytes = CONFIG.max_frame_bytes
         self._socket_seq = 0
         self._seq_lock = threading.Lock()
-        #: What this process's listener, and those of the processes it spawns, listen on.
-        self.transport = transport_of_config()
-        #: Under TLS (TCP only), the contexts of both sides of a connection.
-        self._tls = tls.contexts(CONFIG.tls_cert, CONFIG.tls_key, CONFIG.tls_ca)
         if listen_sock is None:
             listen_sock = self.new_listen_socket()
         self.address = addresses.of_listening_socket(listen_sock)

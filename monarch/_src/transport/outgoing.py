@@ -7,6 +7,10 @@ Monarch's per-sender ordering, and skipping the thread hop roughly halves the la
 blocking call. The loop thread runs the client half of the handshake (``auth``); frames sent
 before it completes wait in the queue.
 
+The peer is a Unix socket or a TCP one (``address``; Nagle's algorithm off). Under TLS (``tls``)
+the socket is an ``ssl.SSLSocket`` that encrypts in the writing thread: the TLS handshake comes
+first, and a failed one is final (``TlsError``: certificates do not change by retrying).
+
 A peer that cannot be reached yet (its listener's backlog is full, it is out of descriptors,
 this process is) is retried with backoff, its frames kept in order, for up to
 ``unreachable_timeout_s``; only a peer nobody listens for any more (its process is gone) fails
