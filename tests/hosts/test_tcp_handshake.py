@@ -73,7 +73,6 @@ def test_junk_instead_of_a_proof_closes_the_connection(tcp_where):
     assert where.echo.call_one([1, 2]).get(timeout=10) == [1, 2]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_flood_of_strangers_over_tcp_costs_bounded_memory(tcp_where):
     where, pid, address = tcp_where

@@ -164,6 +164,7 @@ def test_tls_job_works_and_refuses_peers_without_a_valid_certificate(certs: dict
         finish(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_proc_with_a_certificate_of_another_ca_is_a_clear_error_at_once(certs: dict[str, str]) -> None:
     proc, out = start_client(
