@@ -1,6 +1,7 @@
 """Lost TCP peers, seen by a proc that did not spawn them (so only its connections tell it):
 a killed peer fails the calls pending on it at once, and a frozen one (it never answers the
-handshake) once ``MONARCH_PEER_UNREACHABLE_S`` has passed; nothing waits forever. A connection
+handshake, or sits behind a cut link) once ``MONARCH_PEER_UNREACHABLE_S`` has passed; nothing
+waits forever. A connection
 that is reset under a live peer is re-established."""
 
 from __future__ import annotations
@@ -10,15 +11,20 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import netns
 import pytest
 from tcp_helpers import Where, tcp_procs
 
 import monarch.actor
+from monarch._src.actor.proc import runtime
+from monarch._src.runtime.config import configured
 from monarch._src.transport.address import TcpAddress, parse
+from monarch._src.transport.outgoing import PeerUnreachableError
 from monarch.actor import ActorError, concurrent_endpoint, endpoint
 
 UNREACHABLE_S = 1
@@ -116,3 +122,24 @@ def test_tcp_connection_reset_under_a_live_peer_is_re_established() -> None:
             pending.get(timeout=10)
         assert "still alive" in str(info.value), str(info.value)
         assert a.echo.call_one("after").get(timeout=10) == "after"
+
+
+@pytest.mark.timeout(60)
+def test_tcp_peer_behind_a_cut_link_is_declared_unreachable_within_the_bound(cluster2: netns.Cluster) -> None:
+    """Nothing answers the connection attempts at all (the kernel alone would retry for
+    minutes): the runtime gives up at the bound and says so to whoever watches the peer."""
+    host = cluster2.hosts[1]
+    subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "down"], check=True, timeout=10)
+    address = f"tcp:{host.address}:4000"
+    lost: list[BaseException] = []
+    told = threading.Event()
+    rt = runtime()
+    rt.on_peer_lost(lambda peer, reason: (lost.append(reason), told.set()) if peer == address else None)
+    with configured(peer_unreachable_s=UNREACHABLE_S):
+        start = time.monotonic()
+        rt.send(address, {"k": 9999}, [b""])
+        assert told.wait(timeout=30), "the unreachable peer was never reported"
+    took = time.monotonic() - start
+    assert isinstance(lost[0], PeerUnreachableError), repr(lost[0])
+    assert f"could not be reached within {float(UNREACHABLE_S)}s" in str(lost[0])
+    assert UNREACHABLE_S <= took < UNREACHABLE_S + 2, took

@@ -117,6 +117,8 @@ class OutgoingConnection:
         self._nonce_c = b""
         self._nonce_s = b""
         self._timer: asyncio.TimerHandle | None = None
+        #: A TCP connect in flight.
+        self._connecting: asyncio.Future[None] | None = None
 
     # -- sending (any thread) ---------------------------------------------------------------
 
@@ -271,7 +273,10 @@ class OutgoingConnection:
                     sock.connect(sockaddr)
                 else:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    await self._loop.sock_connect(sock, sockaddr)
+                    # A SYN nobody answers (a cut link) waits minutes in the kernel: ended
+                    # with the socket, by the unreachable bound (see _close_socket).
+                    self._connecting = asyncio.ensure_future(self._loop.sock_connect(sock, sockaddr))
+                    await self._connecting
             except (FileNotFoundError, ConnectionRefusedError) as e:
                 refused = e
                 self._close_socket()
@@ -436,6 +441,9 @@ class OutgoingConnection:
             self._retry(error)
 
     def _close_socket(self) -> None:
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:
+            connecting.cancel()
         sock, self._sock = self._sock, None
         if sock is None:
             return
