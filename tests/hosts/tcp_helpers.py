@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch._src.runtime.config import configured
 from monarch._src.transport.address import TcpAddress, parse
 from monarch.actor import Actor, endpoint, this_host

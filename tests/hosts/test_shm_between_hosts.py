@@ -20,7 +20,7 @@ import pytest
 from helpers import REPO, wait_until
 from tcp_helpers import Where, frame_head, handshake, tcp_connect, tcp_procs, worker_log
 
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 
 #: Joins the job whose secret is on stdin, with a runtime listening on TCP at argv[1].
 JOIN = textwrap.dedent(
@@ -28,13 +28,13 @@ JOIN = textwrap.dedent(
     import base64, hashlib, json, os, sys
     import cloudpickle
     import numpy as np
-    from monarch._src.actor.proc import runtime_class
+    from monarch._src.actor.process_state import _hook_runtime_class, runtime
     from monarch._src.runtime import job_files
     from monarch._src.runtime.runtime import Runtime
     from monarch._src.transport.address import listen_tcp
     from monarch.actor import Actor, endpoint, this_host
 
-    runtime_class()  # the actor layer's handlers go on the runtime made next
+    _hook_runtime_class()  # the actor layer's handlers go on the runtime made next
     rt = Runtime(
         secret=bytes.fromhex(sys.stdin.readline().strip()),
         socket_dir=job_files.new_job_dir(),
@@ -53,6 +53,10 @@ JOIN = textwrap.dedent(
         return type(x).__name__
 
     class Holder(Actor):
+        @endpoint
+        async def where(self):
+            return runtime().address
+
         @endpoint
         async def digest(self, a):
             return hashlib.sha256(memoryview(a)).hexdigest(), memory_of(a)
@@ -82,14 +86,14 @@ HOST1 = JOIN + textwrap.dedent(
     """
     remote = cloudpickle.loads(base64.b64decode(sys.argv[2]))
     a = np.frombuffer(os.urandom(64 << 20), dtype=np.uint8)
-    out = {"expected": hashlib.sha256(memoryview(a)).hexdigest(), "remote_procs": remote._addresses}
+    out = {"expected": hashlib.sha256(memoryview(a)).hexdigest(), "remote_proc": remote.where.call_one().get(timeout=30)}
     out["remote"] = remote.digest.call_one(a).get(timeout=60)
     out["lent_to_remote"] = lent_files(rt.job_tag)
     reply = remote.big.call_one(64 << 20).get(timeout=60)
     out["reply"] = [reply.nbytes, int(reply[-1]), memory_of(reply)]
     pm = this_host().spawn_procs(per_host={"gpus": 1})
     local = pm.spawn("local", Holder)
-    out["local_procs"] = local._addresses
+    out["local_proc"] = local.where.call_one().get(timeout=30)
     out["local"] = local.digest.call_one(a).get(timeout=60)
     out["lent_to_local"] = lent_files(rt.job_tag)
     pm.stop().get(timeout=10)
@@ -133,8 +137,8 @@ def test_large_buffers_go_inline_between_hosts_and_through_shm_within_one(cluste
     assert host0.wait(timeout=30) == 0
     out = json.loads(done.stdout.split("RESULT ", 1)[1])
 
-    assert out["remote_procs"][0].startswith(f"tcp:{h0.address}:")
-    assert out["local_procs"][0].startswith("unix:")
+    assert out["remote_proc"].startswith(f"tcp:{h0.address}:")
+    assert out["local_proc"].startswith("unix:")
     # Across hosts: the data arrived whole, inline (read into a bytearray, not mapped), and
     # neither side made a shared-memory file for the other.
     assert out["remote"] == [out["expected"], "bytearray"]

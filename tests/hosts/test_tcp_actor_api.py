@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import monarch.actor
     from monarch.actor import Actor, Channel, SupervisionError, endpoint, enable_transport, send, this_host
-    from monarch._src.actor.proc import runtime
+    from monarch._src.actor.process_state import runtime
 
     enable_transport("tcp")
     failures = []

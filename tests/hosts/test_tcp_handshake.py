@@ -21,7 +21,7 @@ from tcp_helpers import (
     worker_log,
 )
 
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch._src.transport.listener import MAX_PENDING_HANDSHAKES
 
 #: A frame of a kind nobody handles: a proc that decodes it logs that it dropped it.

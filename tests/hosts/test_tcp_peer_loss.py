@@ -21,7 +21,7 @@ import pytest
 from tcp_helpers import Where, tcp_procs
 
 import monarch.actor
-from monarch._src.actor.proc import runtime
+from monarch._src.actor.process_state import runtime
 from monarch._src.runtime.config import configured
 from monarch._src.transport.address import TcpAddress, parse
 from monarch._src.transport.outgoing import PeerUnreachableError

@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import monarch.actor
     from monarch.actor import Actor, endpoint, enable_transport, this_host
-    from monarch._src.actor.proc import runtime
+    from monarch._src.actor.process_state import runtime
     from monarch._src.runtime import framework_log
 
     enable_transport("tls")
