@@ -44,6 +44,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "process exits with code 3 (run_all.py then runs the remaining metrics)",
     )
     p.add_argument(
+        "--transport",
+        default=None,
+        help="what the processes talk over, as monarch.actor.enable_transport names it (tcp: "
+        "loopback TCP); default: the implementation's own (monarch: Unix sockets; Ray: TCP)",
+    )
+    p.add_argument(
         "--loop-s",
         type=float,
         default=1.0,
@@ -114,6 +120,7 @@ class Recorder:
             "impl": impl,
             "python": sys.version.split()[0],
             "rounds": args.rounds,
+            "transport": args.transport or "default",
             "metrics": {},
             "samples": {},
             "errors": {},
@@ -309,8 +316,9 @@ class Impl(Protocol):
     #: More fields for the result (where the implementation was imported from, ...).
     extra: dict[str, Any]
 
-    def start(self) -> None:
-        """Start the runtime, before the first metric that spawns anything."""
+    def start(self, transport: str | None) -> None:
+        """Start the runtime, on ``transport`` if given (see ``--transport``), before the first
+        metric that spawns anything."""
 
     def spawn(self, n: int) -> Mesh: ...
 
@@ -493,7 +501,7 @@ def run_benchmark(impl: Impl) -> None:
         if not rec.want(m.key):
             continue
         if not m.standalone and not started:
-            impl.start()
+            impl.start(args.transport)
             started = True
         if m.on_peer and r.peer is None and not peer_failed:
             try:

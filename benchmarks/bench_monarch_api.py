@@ -122,8 +122,12 @@ class Monarch:
         self.name = _impl_name()
         self.extra = {"monarch_path": _monarch_origin(), "in_process_import_s": _in_process_import_s}
 
-    def start(self) -> None:
-        pass  # the runtime starts with the first spawn
+    def start(self, transport: str | None) -> None:
+        # The runtime itself starts with the first spawn, on the transport chosen before it.
+        if transport is not None:
+            from monarch.actor import enable_transport
+
+            enable_transport(transport)
 
     def spawn(self, n: int) -> MonarchMesh:
         return MonarchMesh(n)

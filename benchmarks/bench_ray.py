@@ -105,7 +105,9 @@ class Ray:
         self.name = f"ray=={ray.__version__}"
         self.extra: dict = {}
 
-    def start(self) -> None:
+    def start(self, transport: str | None) -> None:
+        if transport not in (None, "tcp"):
+            raise ValueError(f"Ray talks over TCP only, not {transport!r}")
         ray.init(
             num_cpus=NUM_CPUS,
             include_dashboard=False,

@@ -81,6 +81,9 @@ def parse_args() -> argparse.Namespace:
         help="per-metric hang limit inside a benchmark (it then exits and is restarted "
         "for the remaining metrics; default 90, quick 45)",
     )
+    p.add_argument(
+        "--transport", default=None, help="passed to each benchmark (tcp: all of them over loopback TCP)"
+    )
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
     p.add_argument("--metrics", default=None, help="comma-separated subset of metric keys")
     p.add_argument("--out-dir", default=os.path.join(HERE, "out"))
@@ -163,6 +166,8 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str]) -> dict
         "--metrics",
         ",".join(metrics),
     ]
+    if args.transport:
+        cmd += ["--transport", args.transport]
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     # bytecode caching on (this machine sets PYTHONDONTWRITEBYTECODE), but the caches

@@ -36,6 +36,7 @@ from monarch._src.mesh.extent import Extent as Extent
 from monarch._src.mesh.point import Point as Point
 from monarch._src.mesh.shape import Shape as Shape
 from monarch._src.mesh.value_mesh import ValueMesh as ValueMesh
+from monarch._src.runtime.transport_choice import enable_transport as enable_transport
 
 __all__ = [
     "Accumulator",
@@ -64,6 +65,7 @@ __all__ = [
     "current_actor_name",
     "current_rank",
     "current_size",
+    "enable_transport",
     "endpoint",
     "get_or_spawn_controller",
     "send",

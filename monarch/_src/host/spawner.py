@@ -27,7 +27,7 @@ from monarch._src.actor.process_state import runtime
 from monarch._src.host import log_capture
 from monarch._src.runtime import framework_log
 from monarch._src.runtime.bootstrap import BOOTSTRAP_ENV
-from monarch._src.runtime.runtime import ADDRESS_PREFIX, bind_unix_socket
+from monarch._src.transport.address import of_listening_socket
 from monarch._src.wire.protocol import stop_proc
 
 logger = logging.getLogger("monarch.host")
@@ -75,9 +75,10 @@ def _secret_pipe(secret: bytes) -> int:
 class _Launch:
     """What one worker is started with; the parent's ends of its pipes stay here."""
 
-    def __init__(self, rank: int, path: str) -> None:
+    def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.path = path
+        #: Where the worker listens (its socket is bound before it starts).
+        self.address = ""
         self.env: dict[str, str] = {}
         self.listen_fd = self.death_r = self.death_w = self.secret_r = -1
         self.out_r = self.out_w = self.err_r = self.err_w = -1
@@ -153,9 +154,10 @@ class ProcGroup:
 
     def _prepare(self, rt: Any, rank: int, extra_env: Mapping[str, str], root: str, gated: bool) -> _Launch:
         """Bind the worker's socket, make its pipes and environment; start nothing yet."""
-        launch = _Launch(rank, rt.new_socket_path())
+        launch = _Launch(rank)
         try:
-            sock = bind_unix_socket(launch.path)
+            sock = rt.new_listen_socket()
+            launch.address = of_listening_socket(sock)
             launch.listen_fd = sock.detach()
             launch.death_r, launch.death_w = os.pipe()
             launch.secret_r = _secret_pipe(rt.secret)
@@ -236,7 +238,7 @@ class ProcGroup:
         else:
             self.captures.append(None)
         self.procs.append(launch.proc)
-        address = ADDRESS_PREFIX + launch.path
+        address = launch.address
         self.addresses.append(address)
         supervision.locally_spawned.add(address)
         self.returncodes.append(None)

@@ -62,9 +62,38 @@ class RuntimeConfig:
     )
     #: How long shutdown waits for a worker to exit by itself before killing it.
     stop_timeout_s: float = 5.0
+    #: What the listeners of this process's runtime and of the procs it spawns are: "unix"
+    #: (Unix sockets, the default) or "tcp". Read when the runtime starts, so set it before:
+    #: ``monarch.actor.enable_transport("tcp")`` does.
+    transport: str = field(default_factory=lambda: os.environ.get("MONARCH_TRANSPORT", "unix"))
+    #: The address TCP listeners bind to: loopback unless told otherwise. "0.0.0.0" or "::"
+    #: listens on every interface (peers then reach it by this machine's host name); an
+    #: interface's address listens there only. Anyone who can connect can try the handshake.
+    tcp_bind_host: str = field(default_factory=lambda: os.environ.get("MONARCH_TCP_BIND_HOST", "127.0.0.1"))
+    #: TLS for TCP connections: this process's certificate (PEM). TLS is on when the three
+    #: tls_* files are set; each side must present a certificate signed by ``tls_ca``.
+    tls_cert: str = field(default_factory=lambda: os.environ.get("MONARCH_TLS_CERT", ""))
+    #: The private key of ``tls_cert`` (PEM).
+    tls_key: str = field(default_factory=lambda: os.environ.get("MONARCH_TLS_KEY", ""))
+    #: The CA certificates (PEM) that a peer's certificate must be signed by.
+    tls_ca: str = field(default_factory=lambda: os.environ.get("MONARCH_TLS_CA", ""))
+
+
+#: The values of the ``transport`` setting.
+TRANSPORTS = ("unix", "tcp")
 
 
 CONFIG = RuntimeConfig()
+
+
+def transport_of_config() -> str:
+    """The ``transport`` setting, checked."""
+    if CONFIG.transport not in TRANSPORTS:
+        raise ValueError(
+            f"unknown monarch transport {CONFIG.transport!r} (setting transport, MONARCH_TRANSPORT)\n"
+            f"HINT: the transports are: {', '.join(TRANSPORTS)}"
+        )
+    return CONFIG.transport
 
 
 # -- monarch.config: configure() and friends -----------------------------------------------------

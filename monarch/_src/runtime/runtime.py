@@ -21,14 +21,15 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from monarch._src.runtime import job_files, shm
-from monarch._src.runtime.config import CONFIG
+from monarch._src.runtime.config import CONFIG, transport_of_config
 from monarch._src.runtime.loop_thread import LoopThread
-from monarch._src.transport import auth
+from monarch._src.transport import address as addresses
+from monarch._src.transport import auth, tls
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
 from monarch._src.transport.outgoing import OutgoingConnection
 from monarch._src.wire.frame import encode_frame
-from monarch._src.wire.protocol import KIND, SHM_GIVE_BACK_KIND
+from monarch._src.wire.protocol import KIND, SHM_GIVE_BACK_KIND, SHM_MOVED
 
 logger = logging.getLogger("monarch.runtime")
 
@@ -40,21 +41,6 @@ UndeliverableCallback = Callable[[dict, BaseException], None]
 #: Told that a connection to a peer closed with frames possibly undelivered; returns what to
 #: do once the peer turns out to be alive (a dead peer is reported through PeerLostCallback).
 FramesLostCallback = Callable[[str, BaseException], Callable[[], None]]
-
-ADDRESS_PREFIX = "unix:"
-
-
-def socket_path(address: str) -> str:
-    if not address.startswith(ADDRESS_PREFIX):
-        raise ValueError(f"unsupported proc address {address!r}")
-    return address[len(ADDRESS_PREFIX) :]
-
-
-def bind_unix_socket(path: str) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    sock.listen(1024)
-    return sock
 
 
 class Runtime:
@@ -74,6 +60,11 @@ class Runtime:
         owns_socket_dir: bool = False,
     ) -> None:
         self.secret = secret
+        # Settings first: a bad one raises before anything is made.
+        #: What this process's listener, and those of the processes it spawns, listen on.
+        self.transport = transport_of_config()
+        #: Under TLS (TCP only), the contexts of both sides of a connection.
+        self._tls = tls.contexts(CONFIG.tls_cert, CONFIG.tls_key, CONFIG.tls_ca)
         self.socket_dir = socket_dir
         self._owns_socket_dir = owns_socket_dir
         #: Names this job's shared-memory buffers (one socket directory per job).
@@ -83,8 +74,10 @@ class Runtime:
         self._socket_seq = 0
         self._seq_lock = threading.Lock()
         if listen_sock is None:
-            listen_sock = bind_unix_socket(self.new_socket_path())
-        self.address = ADDRESS_PREFIX + listen_sock.getsockname()
+            listen_sock = self.new_listen_socket()
+        self.address = addresses.of_listening_socket(listen_sock)
+        #: Frames that arrive over TCP come from another host: they must carry every byte.
+        self._on_frame = self._receive if addresses.is_unix(self.address) else self._receive_from_other_host
         self._handlers: dict[int, Handler] = {}
         self._conns: dict[str, OutgoingConnection] = {}
         self._conns_lock = threading.Lock()
@@ -104,7 +97,9 @@ class Runtime:
             for hook in Runtime._start_hooks:
                 hook(self)
             Runtime._instance = self
-        self._listener = Listener(self.loop, listen_sock, self._new_incoming)
+        self._listener = Listener(
+            self.loop, listen_sock, self._new_incoming, self._tls.server if self._tls else None
+        )
         self.loop_thread.call_soon(self._listener.start)
 
     # -- process-wide instance ----------------------------------------------------------------
@@ -130,6 +125,13 @@ class Runtime:
             self._socket_seq += 1
             seq = self._socket_seq
         return os.path.join(self.socket_dir, f"{os.getpid()}-{seq}.sock")
+
+    def new_listen_socket(self) -> socket.socket:
+        """A bound, listening socket for this process or one it spawns, on this runtime's
+        transport: a Unix socket in the job's directory, or TCP on ``CONFIG.tcp_bind_host``."""
+        if self.transport == "tcp":
+            return addresses.listen_tcp(CONFIG.tcp_bind_host)
+        return addresses.listen_unix(self.new_socket_path())
 
     def is_local(self, address: str) -> bool:
         return address == self.address
@@ -187,7 +189,8 @@ class Runtime:
                 "the monarch runtime of this process has been shut down (shutdown_context() or "
                 "process exit); nothing more can be sent from it."
             )
-        if len(bodies) > 1 and shm.available():
+        if len(bodies) > 1 and shm.available() and addresses.is_unix(address):
+            # Only a Unix socket's peer surely shares this host's /dev/shm (see ``address``).
             bodies = self._shm.export(address, header, bodies)
         buffers = encode_frame(header, bodies, self.max_frame_bytes)
         conn = self._conns.get(address)
@@ -216,6 +219,20 @@ class Runtime:
             return
         self.dispatch(header, bodies)
 
+    def _receive_from_other_host(self, header: dict, bodies: list) -> None:
+        """A frame that came over TCP: it may not name files of this host's /dev/shm."""
+        if header.get(SHM_MOVED):
+            logger.error("rejecting a message from another host that refers to shared memory")
+            self._reject(
+                header,
+                ValueError(
+                    "a message that arrived over TCP referred to shared-memory files; only "
+                    "processes of one host, connected by Unix sockets, share memory"
+                ),
+            )
+            return
+        self.dispatch(header, bodies)
+
     def _connect(self, address: str) -> OutgoingConnection:
         with self._conns_lock:
             conn = self._conns.get(address)
@@ -223,12 +240,13 @@ class Runtime:
                 return conn
             conn = OutgoingConnection(
                 self.loop,
-                socket_path(address),
+                address,
                 self.secret,
                 on_close=lambda c, reason: self._outgoing_closed(address, c, reason),
                 name=address,
                 loop_ident=self.loop_thread.ident,
                 unreachable_timeout_s=CONFIG.peer_unreachable_s,
+                tls=self._tls.client if self._tls else None,
             )
             self._conns[address] = conn
         self.loop_thread.call_soon(self.loop.create_task, conn.connect())
@@ -261,7 +279,7 @@ class Runtime:
         conn = IncomingConnection(
             secret=self.secret,
             max_frame_bytes=self.max_frame_bytes,
-            on_frame=self._receive,
+            on_frame=self._on_frame,
             on_reject=self._reject,
             on_close=lambda c, reason: self._incoming.discard(c),
             name=f"<-{self.address}",
@@ -296,10 +314,7 @@ class Runtime:
             except Exception:
                 logger.debug("error while closing connections", exc_info=True)
             self.loop_thread.stop()
-        try:
-            os.unlink(socket_path(self.address))
-        except OSError:
-            pass
+        addresses.remove_socket_file(self.address)
         self._shm.close()
         if self._owns_socket_dir:
             job_files.remove(self.socket_dir)
@@ -311,10 +326,7 @@ class Runtime:
         if it is the last process of the job, the job's socket directory and shared-memory
         files too (a client killed with -9 cannot, and no one else is left to). Callable from
         any thread, even while the loop is busy: it touches only files."""
-        try:
-            os.unlink(socket_path(self.address))
-        except OSError:
-            pass
+        addresses.remove_socket_file(self.address)
         self._shm.close()
         if self._job_lock is not None and job_files.last_to_leave(self._job_lock):
             job_files.remove(self.socket_dir)

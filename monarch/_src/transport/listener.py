@@ -8,6 +8,11 @@ is logged once, accepting pauses with backoff, and the peers wait in the listen 
 Connections that have not authenticated yet are capped at ``MAX_PENDING_HANDSHAKES``; past
 that the oldest is dropped. A flood of idle strangers thus costs bounded memory and
 descriptors, while a real peer, whose handshake takes one round trip, still gets in.
+
+A TCP listener (see ``address``) works the same way, with Nagle's algorithm off on each
+connection, and with TLS (see ``tls``) when it is given a context: the TLS handshake runs
+first, bounded by ``HANDSHAKE_TIMEOUT_S`` and counted among the pending handshakes, and the
+HMAC handshake then runs inside TLS.
 """
 
 from __future__ import annotations
@@ -16,10 +21,11 @@ import asyncio
 import errno
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 
 from monarch._src.transport import auth
-from monarch._src.transport.connection import IncomingConnection
+from monarch._src.transport.connection import HANDSHAKE_TIMEOUT_S, IncomingConnection
 
 logger = logging.getLogger("monarch.transport")
 
@@ -42,12 +48,16 @@ class Listener:
         loop: asyncio.AbstractEventLoop,
         sock: socket.socket,
         factory: Callable[[], IncomingConnection],
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._loop = loop
         self._sock = sock
         self._factory = factory
-        #: Connections accepted but not yet authenticated, oldest first (a dict keeps order).
-        self._pending: dict[IncomingConnection, None] = {}
+        self._tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
+        self._tls = tls if self._tcp else None
+        #: Connections accepted but not yet authenticated, oldest first (a dict keeps order),
+        #: with the task that sets each up (under TLS: runs its TLS handshake).
+        self._pending: dict[IncomingConnection, asyncio.Task[None]] = {}
         self._retry_delay = ACCEPT_RETRY_FIRST_S
         self._failures = 0
         self._evicted = 0
@@ -85,6 +95,8 @@ class Listener:
                     logger.warning("accepting a connection failed: %s", e)
                 return
             conn_sock.setblocking(False)
+            if self._tcp:
+                conn_sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._adopt(conn_sock)
 
     def _pause(self, error: OSError, progressed: bool) -> None:
@@ -104,17 +116,23 @@ class Listener:
 
     def _adopt(self, conn_sock: socket.socket) -> None:
         conn = self._factory()
-        self._pending[conn] = None
+        self._pending[conn] = self._loop.create_task(self._connect(conn, conn_sock))
         if len(self._pending) > MAX_PENDING_HANDSHAKES:
             self._evict()
-        self._loop.create_task(self._connect(conn, conn_sock))
 
     async def _connect(self, conn: IncomingConnection, conn_sock: socket.socket) -> None:
         try:
-            await self._loop.connect_accepted_socket(lambda: conn, conn_sock)
-        except OSError as e:
+            if self._tls is None:
+                await self._loop.connect_accepted_socket(lambda: conn, conn_sock)
+            else:
+                await self._loop.connect_accepted_socket(
+                    lambda: conn, conn_sock, ssl=self._tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
+                )
+        except OSError as e:  # under TLS: no valid certificate, or no handshake in time
             conn_sock.close()
             conn.abort(e)
+        except asyncio.CancelledError:  # evicted during its TLS handshake
+            conn_sock.close()
 
     def _evict(self) -> None:
         """Forget connections that authenticated or closed; drop the oldest still waiting."""
@@ -122,7 +140,6 @@ class Listener:
             del self._pending[conn]
         while len(self._pending) > MAX_PENDING_HANDSHAKES:
             oldest = next(iter(self._pending))
-            del self._pending[oldest]
             if not self._evicted:
                 logger.warning(
                     "more than %d connections are waiting for the handshake; dropping the oldest "
@@ -130,6 +147,9 @@ class Listener:
                     MAX_PENDING_HANDSHAKES,
                 )
             self._evicted += 1
+            setting_up = self._pending.pop(oldest)
+            if oldest.transport is None:
+                setting_up.cancel()
             oldest.abort(
                 auth.HandshakeError("dropped: too many connections waiting for the handshake"), log=False
             )

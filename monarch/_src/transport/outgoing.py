@@ -7,6 +7,10 @@ Monarch's per-sender ordering, and skipping the thread hop roughly halves the la
 blocking call. The loop thread runs the client half of the handshake (``auth``); frames sent
 before it completes wait in the queue.
 
+The peer is a Unix socket or a TCP one (``address``; Nagle's algorithm off). Under TLS (``tls``)
+the socket is an ``ssl.SSLSocket`` that encrypts in the writing thread: the TLS handshake comes
+first, and a failed one is final (``TlsError``: certificates do not change by retrying).
+
 A peer that cannot be reached yet (its listener's backlog is full, it is out of descriptors,
 this process is) is retried with backoff, its frames kept in order, for up to
 ``unreachable_timeout_s``; only a peer nobody listens for any more (its process is gone) fails
@@ -26,13 +30,16 @@ import asyncio
 import collections
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from monarch._src.transport import auth
+from monarch._src.transport.address import TcpAddress, parse
 from monarch._src.transport.cork import note_corked
+from monarch._src.transport.tls import HINT as TLS_HINT
 
 logger = logging.getLogger("monarch.transport")
 
@@ -58,6 +65,11 @@ class PeerUnreachableError(ConnectionError):
     """The peer could not be reached (or did not answer the handshake) within the bound."""
 
 
+class TlsError(PeerUnreachableError):
+    """The TLS handshake with the peer failed (a certificate missing, expired or not trusted):
+    it stays unreachable, so it is reported at once rather than retried."""
+
+
 def _nbytes(buffer: Any) -> int:
     return len(buffer) if type(buffer) is bytes else memoryview(buffer).nbytes
 
@@ -68,16 +80,20 @@ class OutgoingConnection:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        path: str,
+        address: str,
         secret: bytes,
         on_close: Callable[[OutgoingConnection, BaseException], None],
         name: str,
         loop_ident: int | None,
         unreachable_timeout_s: float,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._loop = loop
         self._loop_ident = loop_ident
-        self._path = path
+        self._address = parse(address)
+        #: TLS for a TCP peer when configured; None: the socket carries plaintext.
+        self._tls = tls if isinstance(self._address, TcpAddress) else None
+        self._tls_done = False
         self._secret = secret
         self._on_close = on_close
         #: Run (on the loop thread) once the handshake completes.
@@ -88,7 +104,7 @@ class OutgoingConnection:
         self.name = name
         self._lock = threading.Lock()
         self._queue: collections.deque[Any] = collections.deque()  # buffers, as sent
-        self._sock: socket.socket | None = None
+        self._sock: socket.socket | None = None  # an ssl.SSLSocket under TLS
         self._writer_registered = False
         self._flush_scheduled = False
         self._last_direct_send = 0.0
@@ -101,6 +117,8 @@ class OutgoingConnection:
         self._nonce_c = b""
         self._nonce_s = b""
         self._timer: asyncio.TimerHandle | None = None
+        #: A TCP connect in flight.
+        self._connecting: asyncio.Future[None] | None = None
 
     # -- sending (any thread) ---------------------------------------------------------------
 
@@ -227,24 +245,82 @@ class OutgoingConnection:
     async def _attempt(self) -> None:
         if self.closed:
             return
-        try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        except OSError as e:  # out of descriptors here: as transient as the peer being busy
-            self._retry(e)
+        target = self._address
+        candidates: list[tuple[int, Any]]
+        if isinstance(target, TcpAddress):
+            try:
+                infos = await self._loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+            except OSError as e:  # the name not resolved (yet): as transient as an unreachable peer
+                self._retry(e)
+                return
+            candidates = [(info[0], info[4]) for info in infos]
+        else:
+            candidates = [(socket.AF_UNIX, target.path)]
+        refused: OSError | None = None
+        for family, sockaddr in candidates:  # a host name may resolve to several addresses
+            if self.closed:
+                return
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError as e:  # out of descriptors here: as transient as the peer being busy
+                self._retry(e)
+                return
+            sock.setblocking(False)
+            self._sock = sock
+            try:
+                if family == socket.AF_UNIX:
+                    # A Unix socket connects at once or fails at once (EAGAIN: the backlog is full).
+                    sock.connect(sockaddr)
+                else:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    # A SYN nobody answers (a cut link) waits minutes in the kernel: ended
+                    # with the socket, by the unreachable bound (see _close_socket).
+                    self._connecting = asyncio.ensure_future(self._loop.sock_connect(sock, sockaddr))
+                    await self._connecting
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                refused = e
+                self._close_socket()
+                continue
+            except OSError as e:  # a TCP peer not reached yet (no route, timed out): retried
+                self._retry(e)
+                return
+            if self.closed or self._sock is not sock:
+                return
+            if self._tls is not None:
+                self._sock = sock = self._tls.wrap_socket(sock, do_handshake_on_connect=False)
+                self._tls_step()
+                if self.closed:
+                    return
+            self._loop.add_reader(sock.fileno(), self._readable)
             return
-        sock.setblocking(False)
-        self._sock = sock
+        # Listening sockets are bound before their process starts: a refusal means the process
+        # is gone (its host may be up, but nothing listens on its port).
+        self._fail(PeerGoneError(f"nobody listens at {self.name} any more ({refused})"))
+
+    def _tls_step(self) -> None:
+        """(loop thread) Drive the TLS handshake; the HMAC handshake then runs inside TLS."""
+        sock = self._sock
+        if sock is None:
+            return
         try:
-            # A Unix socket connects at once or fails at once (EAGAIN: the backlog is full).
-            sock.connect(self._path)
-        except (FileNotFoundError, ConnectionRefusedError) as e:
-            self._fail(PeerGoneError(f"nobody listens at {self.name} any more ({e})"))
+            sock.do_handshake()  # type: ignore[attr-defined]
+        except ssl.SSLWantReadError:
+            return  # _readable steps again
+        except ssl.SSLWantWriteError:
+            self._loop.add_writer(sock.fileno(), self._tls_writable)
+            return
+        except ssl.SSLError as e:
+            self._fail(TlsError(f"TLS handshake with {self.name} failed: {e}\n{TLS_HINT}"))
             return
         except OSError as e:
-            self._retry(e)
+            self._lost(e)
             return
-        if not self.closed:
-            self._loop.add_reader(sock.fileno(), self._readable)
+        self._tls_done = True
+
+    def _tls_writable(self) -> None:
+        if self._sock is not None:
+            self._loop.remove_writer(self._sock.fileno())
+        self._tls_step()
 
     def _retry(self, error: BaseException) -> None:
         """(loop thread, before the handshake completed) Try again later; frames stay queued."""
@@ -261,6 +337,7 @@ class OutgoingConnection:
         self._close_socket()
         self._handshake.clear()
         self._nonce_s = b""
+        self._tls_done = False
         self._loop.call_later(self._retry_delay, lambda: self._loop.create_task(self._attempt()))
         self._retry_delay = min(2 * self._retry_delay, RETRY_MAX_S)
 
@@ -276,9 +353,17 @@ class OutgoingConnection:
             )
 
     def _readable(self) -> None:
+        if self._tls is not None and not self._tls_done:
+            self._tls_step()
+            if not self._tls_done:
+                return
         try:
-            data = self._sock.recv(256)  # type: ignore[union-attr]
+            with self._lock:  # a TLS socket must not read while another thread writes to it
+                data = self._recv()
         except (BlockingIOError, InterruptedError):
+            return
+        except ssl.SSLError as e:
+            self._fail(TlsError(f"TLS with {self.name} failed: {e}\n{TLS_HINT}"))
             return
         except OSError as e:
             self._lost(e)
@@ -296,6 +381,26 @@ class OutgoingConnection:
             self._fail(e)
         except OSError as e:  # the peer went away while we answered its challenge
             self._retry(e)
+
+    def _recv(self) -> bytes:
+        """What the peer sent (b"" at its end); BlockingIOError if nothing yet."""
+        sock = self._sock
+        if self._tls is None:
+            return sock.recv(256)  # type: ignore[union-attr]
+        # TLS decrypts whole records, which may hold more than the readiness of the socket
+        # says: read until it has nothing more.
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(4096)  # type: ignore[union-attr]
+            except ssl.SSLWantReadError:
+                break
+            chunks.append(chunk)
+            if not chunk:
+                break
+        if not chunks:
+            raise BlockingIOError
+        return b"".join(chunks)
 
     def _handshake_step(self) -> None:
         if not self._nonce_s:
@@ -336,6 +441,9 @@ class OutgoingConnection:
             self._retry(error)
 
     def _close_socket(self) -> None:
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:
+            connecting.cancel()
         sock, self._sock = self._sock, None
         if sock is None:
             return

@@ -1,0 +1,129 @@
+"""Proc addresses: the one place that parses and formats them, and binds listening sockets.
+
+A proc address is a string, so that references pickle small and compare fast:
+
+- ``unix:<path>``: a Unix socket, reachable only from processes of the same host (the same
+  kernel), which is why such peers may also share buffers through ``/dev/shm``;
+- ``tcp:<host>:<port>``: a TCP socket, ``tcp:127.0.0.1:4000`` or ``tcp:[::1]:4000`` (an IPv6
+  host in brackets) or a host name. A TCP peer is treated as another host whatever its
+  address: messages to it carry every byte inline, never a shared-memory file name.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+UNIX_PREFIX = "unix:"
+TCP_PREFIX = "tcp:"
+#: Connections a listening socket queues before it accepts them.
+LISTEN_BACKLOG = 1024
+#: Bind hosts meaning "every interface": the address then names this machine by its host name.
+_WILDCARD_HOSTS = {"", "0.0.0.0", "::"}
+
+
+@dataclass(frozen=True)
+class UnixAddress:
+    path: str
+
+    def __str__(self) -> str:
+        return UNIX_PREFIX + self.path
+
+
+@dataclass(frozen=True)
+class TcpAddress:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{TCP_PREFIX}{host}:{self.port}"
+
+
+Address = UnixAddress | TcpAddress
+
+
+def _bad(address: str, why: str) -> ValueError:
+    return ValueError(
+        f"bad proc address {address!r}: {why}\n"
+        "HINT: proc addresses look like unix:/path/to/socket, tcp:10.0.0.5:4000 or tcp:[::1]:4000"
+    )
+
+
+def parse(address: str) -> Address:
+    """The address ``address`` names; ValueError (saying what is accepted) if it names none."""
+    if address.startswith(UNIX_PREFIX):
+        path = address[len(UNIX_PREFIX) :]
+        if not path:
+            raise _bad(address, "no socket path")
+        return UnixAddress(path)
+    if not address.startswith(TCP_PREFIX):
+        raise _bad(address, "unknown transport")
+    rest = address[len(TCP_PREFIX) :]
+    if rest.startswith("["):
+        host, bracket, port = rest[1:].partition("]:")
+        if not bracket:
+            raise _bad(address, "an IPv6 host must be followed by ]:<port>")
+    else:
+        host, colon, port = rest.rpartition(":")
+        if not colon:
+            raise _bad(address, "no port")
+        if ":" in host:
+            raise _bad(address, "an IPv6 host must be written in brackets")
+    if not host:
+        raise _bad(address, "no host")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise _bad(address, f"port {port!r} is not a number from 1 to 65535")
+    return TcpAddress(host, int(port))
+
+
+def is_unix(address: str) -> bool:
+    """Whether ``address`` is a Unix socket, hence a process of this host (cheap: hot path)."""
+    return address.startswith(UNIX_PREFIX)
+
+
+def listen_unix(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def listen_tcp(host: str, port: int = 0) -> socket.socket:
+    """A TCP socket listening on ``host`` (an IP address or a name; port 0: any free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def of_listening_socket(sock: socket.socket) -> str:
+    """The address peers reach ``sock`` at. A TCP socket bound to every interface is named by
+    this machine's host name (its peers must be able to resolve it)."""
+    if sock.family == socket.AF_UNIX:
+        return str(UnixAddress(sock.getsockname()))
+    host, port = sock.getsockname()[:2]
+    if host in _WILDCARD_HOSTS:
+        host = socket.gethostname()
+    return str(TcpAddress(host, port))
+
+
+def remove_socket_file(address: str) -> None:
+    """Remove the file of a Unix socket address (nothing to do for TCP)."""
+    parsed = parse(address)
+    if isinstance(parsed, UnixAddress):
+        try:
+            os.unlink(parsed.path)
+        except OSError:
+            pass
