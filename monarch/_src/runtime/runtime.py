@@ -346,5 +346,10 @@ os.register_at_fork(after_in_child=_leave_job_in_fork_child)
 
 def new_client_runtime() -> Runtime:
     secret = auth.new_secret()
-    # Shut down at exit by ``shutdown_context`` (host layer), after the workers it spawned.
-    return Runtime(secret=secret, socket_dir=job_files.new_job_dir(), owns_socket_dir=True)
+    socket_dir = job_files.new_job_dir()
+    try:
+        # Shut down at exit by ``shutdown_context`` (host layer), after the workers it spawned.
+        return Runtime(secret=secret, socket_dir=socket_dir, owns_socket_dir=True)
+    except BaseException:  # a bad setting, say: leave no job directory behind
+        job_files.remove(socket_dir)
+        raise
