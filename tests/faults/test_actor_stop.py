@@ -19,7 +19,15 @@ from helpers import wait_until
 
 import monarch.actor
 from monarch._src.runtime.config import CONFIG
-from monarch.actor import Actor, ActorError, MeshFailure, SupervisionError, endpoint, this_host
+from monarch.actor import (
+    Actor,
+    ActorError,
+    MeshFailure,
+    SupervisionError,
+    concurrent_endpoint,
+    endpoint,
+    this_host,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -149,6 +157,31 @@ def test_sync_actor_blocking_on_a_call_to_itself_gets_an_error(procs: Any) -> No
     assert time.monotonic() - start < 2.0
     assert "HINT:" in str(info.value)
     assert mesh.inner.call_one().get(timeout=DEADLINE_S) == "inner"  # the actor is fine
+
+
+class AsyncSelfCaller(Actor):
+    @endpoint
+    async def outer(self, me: Any) -> str:
+        return await me.inner.call_one()
+
+    @concurrent_endpoint
+    async def outer_beside_the_mailbox(self, me: Any) -> str:
+        return await me.inner.call_one()
+
+    @endpoint
+    async def inner(self) -> str:
+        return "inner"
+
+
+def test_async_actor_awaiting_a_call_to_itself_gets_an_error(procs: Any) -> None:
+    mesh = procs.slice(gpus=0).spawn("aselfcall", AsyncSelfCaller)
+    start = time.monotonic()
+    with pytest.raises(ActorError, match="await would deadlock") as info:
+        mesh.outer.call_one(mesh).get(timeout=DEADLINE_S)
+    assert time.monotonic() - start < 2.0
+    assert "HINT:" in str(info.value) and "@concurrent_endpoint" in str(info.value)
+    # From a concurrent endpoint the mailbox is free to run the call: no error, no deadlock.
+    assert mesh.outer_beside_the_mailbox.call_one(mesh).get(timeout=DEADLINE_S) == "inner"
 
 
 class Relay(Actor):

@@ -7,6 +7,7 @@ The decorator only marks a method and records its options; ``ActorEndpoint`` is 
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
@@ -15,7 +16,7 @@ from monarch._src.actor.collectors import GatherCollector, OnceCollector, Stream
 from monarch._src.actor.context import current_instance
 from monarch._src.actor.coroutines import is_coroutine_function
 from monarch._src.actor.errors import SupervisionError
-from monarch._src.actor.future import Future, forbid_blocking
+from monarch._src.actor.future import Future, forbid_waiting
 from monarch._src.actor.port import Port, PortHandler, port_receiver
 from monarch._src.actor.process_state import runtime
 from monarch._src.wire import payload
@@ -34,6 +35,17 @@ Propagator = Any
 _NO_EXTENT: list[Any] = [[], []]
 #: The payload of a call without arguments, pickled once.
 _NO_ARGS = payload.dumps(((), {}))
+
+
+def _current_task() -> object | None:
+    """The running asyncio task, if any (asyncio is loaded wherever an async actor runs)."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return None
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop in this thread
+        return None
 
 
 class EndpointProperty(Generic[R]):
@@ -240,21 +252,31 @@ class ActorEndpoint(Generic[R]):
             raise
 
     def _guard_self_call(self, inst: ActorInstance, collector: PortHandler, sent_to: list[str]) -> None:
-        """A sync actor calling its own endpoint: waiting for the reply inside the endpoint
-        running now would deadlock (one message at a time), so that ``get()`` raises instead."""
-        ident = threading.get_ident()
-        if inst.thread_ident != ident or runtime().address not in sent_to:
+        """An actor calling its own endpoint: waiting for the reply inside the endpoint running
+        now would deadlock (one message at a time), so that ``get()`` or ``await`` raises instead.
+        An async actor may wait from a ``@concurrent_endpoint``, which runs beside its mailbox."""
+        if runtime().address not in sent_to:
             return
+        waiter: object
+        if inst.thread_ident is not None:
+            waiter = threading.get_ident()
+            if waiter != inst.thread_ident:
+                return
+            wait, fix = "Future.get()", f"make the actor async and {self._name} a @concurrent_endpoint"
+        else:
+            waiter = _current_task()
+            if waiter is None or waiter is not inst.mailbox_task:
+                return
+            wait, fix = "await", f"make {inst.running_endpoint} a @concurrent_endpoint"
         why = (
-            f"Future.get() would deadlock: actor {inst.name} waits, inside endpoint "
+            f"{wait} would deadlock: actor {inst.name} waits, inside endpoint "
             f"{inst.running_endpoint}(), for the reply of its own endpoint {self._name}(), which it can "
             "only run after the running one returns (an actor handles one message at a time).\n"
-            f"HINT: call the method directly (self.{self._name}(...)), or make the actor async and "
-            f"{self._name} a @concurrent_endpoint."
+            f"HINT: call the method directly (self.{self._name}(...)), or {fix}."
         )
         futures = getattr(collector, "futures", None) or [collector.future]  # type: ignore[attr-defined]
         for f in futures:
-            forbid_blocking(f, ident, why)
+            forbid_waiting(f, waiter, why)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the endpoint on the mesh's single actor and get its reply; ``ValueError`` on a mesh

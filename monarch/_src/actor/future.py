@@ -50,14 +50,16 @@ def mark_sync_actor_thread() -> None:
     _sync_actor_thread.value = True
 
 
-#: Futures that the named thread must never block on (a sync actor's call to itself) -> (thread
-#: ident, why). Weak: it costs nothing once the future is gone, and nothing when empty.
-_self_calls: weakref.WeakKeyDictionary[Future[Any], tuple[int, str]] = weakref.WeakKeyDictionary()
+#: Futures that must never be waited for where they are made (an actor's call to itself) ->
+#: (the sync actor's thread ident or the async actor's mailbox task, why). Weak: it costs
+#: nothing once the future is gone, and nothing when empty.
+_self_calls: weakref.WeakKeyDictionary[Future[Any], tuple[object, str]] = weakref.WeakKeyDictionary()
 
 
-def forbid_blocking(future: Future[Any], thread_ident: int, why: str) -> None:
-    """``future.get()`` on that thread raises ``RuntimeError(why)`` instead of deadlocking."""
-    _self_calls[future] = (thread_ident, why)
+def forbid_waiting(future: Future[Any], waiter: object, why: str) -> None:
+    """``future.get()`` on that thread (an int ident), or ``await future`` in that task, raises
+    ``RuntimeError(why)`` instead of deadlocking."""
+    _self_calls[future] = (waiter, why)
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -217,6 +219,10 @@ class Future(Generic[R]):
             asyncio.get_running_loop()
         except RuntimeError:
             raise ValueError("__await__ with no active event loop (either asyncio or tokio)") from None
+        if _self_calls:
+            guard = _self_calls.get(self)
+            if guard is not None and guard[0] is asyncio.current_task() and self._state != _DONE:
+                raise RuntimeError(guard[1])
         flush_corked()  # as in get(): a burst this thread sent may be what it now waits for
         return (yield from self.as_asyncio().__await__())
 

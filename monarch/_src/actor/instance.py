@@ -123,6 +123,8 @@ class ActorInstance:
         self._unrun: list[str] = []
         #: The sync actor's own thread, where a blocking ``get()`` of a call to itself deadlocks.
         self.thread_ident: int | None = None
+        #: The async actor's mailbox task, where ``await`` of a call to itself deadlocks.
+        self.mailbox_task: asyncio.Task[Any] | None = None
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -304,6 +306,7 @@ class ActorInstance:
         import asyncio
 
         current_instance.set(self)
+        self.mailbox_task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         dq = self._deque
         while True:
