@@ -28,7 +28,7 @@ from monarch._src.transport import auth, tls
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
 from monarch._src.transport.outgoing import OutgoingConnection
-from monarch._src.wire.frame import encode_frame
+from monarch._src.wire.frame import FrameTooLargeError, encode_frame
 from monarch._src.wire.protocol import KIND, SHM_GIVE_BACK_KIND, SHM_MOVED
 
 logger = logging.getLogger("monarch.runtime")
@@ -205,6 +205,10 @@ class Runtime:
         """A frame from another process: map its shared-memory buffers, then route it."""
         try:
             self._shm.receive(header, bodies)
+        except FrameTooLargeError as e:
+            logger.error("rejecting a message over this process's frame limit: %s", e)
+            self._reject(header, e)
+            return
         except (OSError, ValueError, TypeError, IndexError) as e:
             logger.error("rejecting a message whose shared-memory buffer is unusable: %s", e)
             self._reject(

@@ -20,6 +20,7 @@ which would kill the process touching the missing page.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import mmap
@@ -428,6 +429,7 @@ class Lending:
         lender = header.get(SHM_LENDER)
         if lent and not isinstance(lender, str):
             raise ValueError("lent shared-memory buffers without a lender address")
+        self._check_receive_limit(moved, lent, lender, bodies)
         for i in moved:
             name = bytes(bodies[i])
             if i in lent:
@@ -435,6 +437,26 @@ class Lending:
                 bodies[i] = borrow(name, lent[i], i in as_bytes, give_back)
             else:
                 bodies[i] = import_(name, as_bytes=i in as_bytes)
+
+    def _check_receive_limit(self, moved: list, lent: dict, lender: object, bodies: list) -> None:
+        """The receiver's frame limit holds for bodies in files as for bodies on the socket: an
+        oversized message is refused before anything is mapped, and its files are released
+        (lent ones given back, exported ones removed) so that refusing it leaks nothing."""
+        limit = self._rt.max_frame_bytes
+        in_files = set(moved)
+        total = sum(memoryview(b).nbytes for i, b in enumerate(bodies) if i not in in_files)
+        for i in moved:
+            total += lent[i] if i in lent else os.stat(_path_of(bytes(bodies[i]))).st_size
+        if total <= limit:
+            return
+        for i in moved:
+            name = bytes(bodies[i])
+            if i in lent:
+                self._give_back(str(lender), name.decode())
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(_path_of(name))
+        raise FrameTooLargeError(total, limit, "receiving")
 
     def given_back_to_us(self, header: dict, bodies: list) -> None:
         """(loop thread) A borrower is done with files we lent; unused ones are trimmed later."""
