@@ -25,11 +25,12 @@ from monarch.actor import Actor, endpoint, hosts_from_config
 from monarch._src.host.log_capture import flush_barrier, live_worker_addresses
 
 
-class Talker(Actor):
+class Speaker(Actor):  # prints on its host: say its lines (to stderr with err), die last words
+
     @endpoint
-    def say(self, n: int, text: str, err: bool = False) -> None:
-        for _ in range(n):
-            print(text, file=sys.stderr if err else sys.stdout)
+    def say(self, lines: list[str], err: bool = False) -> None:
+        for line in lines:
+            print(line, file=sys.stderr if err else sys.stdout)
 
     @endpoint
     def die(self, text: str) -> None:
@@ -39,7 +40,7 @@ class Talker(Actor):
 
 hosts = hosts_from_config("MONARCH_TEST_HOSTS")
 procs = hosts.spawn_procs(per_host={"gpus": 1})
-t = procs.spawn("t", Talker)
+t = procs.spawn("t", Speaker)
 """
 
 
@@ -59,8 +60,8 @@ def test_output_reaches_the_client_and_the_flush_barrier_shows_it_first(tmp_path
     proc = run_client(
         tmp_path,
         """
-        t.say.call(2, "remote out").get()
-        t.say.call(1, "remote err", True).get()
+        t.say.call(["remote out"] * 2).get()
+        t.say.call(["remote err"], True).get()
         assert len(live_worker_addresses()) == 2
         flush_barrier(live_worker_addresses())
         print("CLIENT END")
@@ -76,7 +77,7 @@ def test_similar_lines_from_both_hosts_are_aggregated(tmp_path: Path) -> None:
         tmp_path,
         """
         asyncio.run(procs.logging_option(stream_to_client=True, aggregate_window_sec=30))
-        t.say.call(3, "aggregated line").get()
+        t.say.call(["aggregated line"] * 3).get()
         flush_barrier(live_worker_addresses())
         print("CLIENT END")
     """,

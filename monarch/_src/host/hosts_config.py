@@ -119,12 +119,9 @@ class LocalAgents:
 
     def stop(self) -> None:
         """Wait for the agents to exit (their client detached), killing those that do not."""
-        for proc in self.procs:
-            try:
-                proc.wait(LOCAL_AGENT_EXIT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        from monarch._src.host.spawner import reap
+
+        reap(self.procs, LOCAL_AGENT_EXIT_S)
 
 
 def local_hosts(count: int, env: Mapping[str, str] | None = None) -> HostMesh:

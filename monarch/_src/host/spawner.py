@@ -350,12 +350,17 @@ class ProcGroup:
                     pass
 
     def wait(self, timeout: float | None = None) -> None:
-        for proc in self.procs:
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        reap(self.procs, timeout)
+
+
+def reap(procs: Sequence[Any], timeout: float | None) -> None:
+    """Wait up to ``timeout`` seconds for each of ``procs`` to exit; kill those that do not."""
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def live_worker_addresses() -> list[str]:
