@@ -102,15 +102,15 @@ class _Session:
     def _start(self, job_secret: bytes, root: str, reply: list) -> None:
         from monarch._src.host.spawner import INIT_MODULES, WORKER_MODULE, secret_pipe, worker_environment
         from monarch._src.runtime import job_files
-        from monarch._src.runtime.runtime import ADDRESS_PREFIX, bind_unix_socket
+        from monarch._src.transport import address as addresses
 
         self.socket_dir = job_files.new_job_dir()
-        listen = bind_unix_socket(os.path.join(self.socket_dir, "host.sock"))
+        listen, transport_env = self.agent.session_socket(self.socket_dir)
         death_r, self.death_w = os.pipe()
         secret_r = secret_pipe(job_secret)
         fds = (listen.fileno(), death_r, secret_r)
         env = worker_environment(
-            {},
+            transport_env,
             root,
             {
                 "listen_fd": fds[0],
@@ -125,7 +125,7 @@ class _Session:
             },
             captured=False,
         )
-        address = ADDRESS_PREFIX + listen.getsockname()
+        address = addresses.of_listening_socket(listen)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE], pass_fds=fds, env=env, start_new_session=True
@@ -164,16 +164,34 @@ class Agent:
     """Accepts clients on ``sock`` and runs one session per client (see the module docstring)."""
 
     def __init__(self, sock: socket.socket, secret: bytes, once: bool = False) -> None:
+        from monarch._src.transport import address as addresses
+
         self.sock = sock
         self.secret = secret
         self.once = once
+        self.address = addresses.of_listening_socket(sock)
         self.sessions: set[_Session] = set()
         self.done: asyncio.Future[None] | None = None
 
+    def session_socket(self, socket_dir: str) -> tuple[socket.socket, dict[str, str]]:
+        """A listening socket for a new session, reachable where the agent is (a TCP agent's
+        sessions, and the procs they spawn, listen on the agent's interface), and what the
+        session's environment needs to listen the same way."""
+        from monarch._src.transport import address as addresses
+
+        if addresses.is_unix(self.address):
+            return addresses.listen_unix(os.path.join(socket_dir, "host.sock")), {}
+        host = self.sock.getsockname()[0]
+        return addresses.listen_tcp(host), {"MONARCH_TRANSPORT": "tcp", "MONARCH_TCP_BIND_HOST": host}
+
     async def serve(self) -> None:
+        from monarch._src.runtime.config import CONFIG
+        from monarch._src.transport import tls
+
         loop = asyncio.get_running_loop()
         self.done = loop.create_future()
-        listener = Listener(loop, self.sock, self._new_connection)
+        contexts = tls.contexts(CONFIG.tls_cert, CONFIG.tls_key, CONFIG.tls_ca)
+        listener = Listener(loop, self.sock, self._new_connection, contexts.server if contexts else None)
         listener.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
@@ -211,7 +229,7 @@ class Agent:
             on_frame=on_frame,
             on_reject=on_reject,
             on_close=on_close,
-            name=f"client of host agent {self.sock.getsockname()}",
+            name=f"client of host agent {self.address}",
         )
         session = _Session(self, conn)
         self.sessions.add(session)
@@ -258,7 +276,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--listen",
         metavar="ADDRESS",
-        help="address to listen on: unix:/path/to/socket (Monarch's ipc:///path is accepted too)",
+        help=(
+            "address to listen on: tcp:HOST:PORT (an interface's address; 0.0.0.0 for every one) or "
+            "unix:/path/to/socket (Monarch's tcp://HOST:PORT and ipc:///path are accepted too)"
+        ),
     )
     parser.add_argument(
         "--listen-fd", type=int, metavar="FD", help="adopt this already bound, listening socket (launchers)"
@@ -295,22 +316,29 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def listen_on(address: str) -> socket.socket:
-    """A socket listening at ``address`` (a stale socket file nobody answers on is replaced)."""
+    """A socket listening at ``address`` (a stale socket file nobody answers on is replaced);
+    ValueError saying why where it cannot be."""
     from monarch._src.host.workers import host_address
-    from monarch._src.runtime.runtime import bind_unix_socket, socket_path
+    from monarch._src.transport import address as addresses
 
-    path = socket_path(host_address(address))
-    if os.path.exists(path):  # a stale socket of an agent that is gone: nobody answers on it
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)
-        else:
-            raise ValueError(f"another process already listens at {address}")
-        finally:
-            probe.close()
-    return bind_unix_socket(path)
+    parsed = addresses.parse(host_address(address))
+    try:
+        if isinstance(parsed, addresses.TcpAddress):
+            return addresses.listen_tcp(parsed.host, parsed.port)
+        path = parsed.path
+        if os.path.exists(path):  # a stale socket of an agent that is gone: nobody answers on it
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)
+            else:
+                raise ValueError(f"another process already listens at {address}")
+            finally:
+                probe.close()
+        return addresses.listen_unix(path)
+    except OSError as e:
+        raise ValueError(f"cannot listen at {address}: {e}") from None
 
 
 def _secret_from(args: argparse.Namespace) -> bytes:
@@ -361,8 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         sys.stderr.write(f"monarch host agent: {e}\n")
         return 2
-    address = args.listen or f"fd {args.listen_fd}"
-    logger.info("listening on %s (pid %d)", address, os.getpid())
+    from monarch._src.transport import address as addresses
+
+    logger.info("listening on %s (pid %d)", addresses.of_listening_socket(sock), os.getpid())
     serve(sock, secret, args.once, args.exit_with_parent)
     return 0
 

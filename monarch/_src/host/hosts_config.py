@@ -80,7 +80,7 @@ class LocalAgents:
     def __init__(self, count: int, env: Mapping[str, str] | None = None) -> None:
         from monarch._src.actor.process_state import runtime
         from monarch._src.host.spawner import secret_pipe, worker_pythonpath
-        from monarch._src.runtime.runtime import ADDRESS_PREFIX, bind_unix_socket
+        from monarch._src.transport.address import of_listening_socket
         from monarch._src.transport.auth import new_secret
 
         rt = runtime()
@@ -92,10 +92,10 @@ class LocalAgents:
         child_env["PYTHONPATH"] = worker_pythonpath(child_env.get("PYTHONPATH"))
         try:
             for _ in range(count):
-                sock = bind_unix_socket(rt.new_socket_path())
+                sock = rt.new_listen_socket()  # on this client's transport
                 secret_r = secret_pipe(self.secret)
                 try:
-                    self.addresses.append(ADDRESS_PREFIX + sock.getsockname())
+                    self.addresses.append(of_listening_socket(sock))
                     command = [sys.executable, "-m", "monarch.host", "--listen-fd", str(sock.fileno())]
                     command += [
                         "--secret-fd",

@@ -122,7 +122,7 @@ class HostConnection:
 
     def start(self) -> None:
         """Connect and ask for a session, in the background."""
-        from monarch._src.runtime.runtime import socket_path
+        from monarch._src.transport import tls
         from monarch._src.transport.outgoing import OutgoingConnection
 
         rt = runtime()
@@ -135,18 +135,20 @@ class HostConnection:
 
         def begin() -> None:  # on the loop
             try:
-                path = socket_path(self.agent)
+                unreachable_client(rt.address, self.agent)
+                contexts = tls.contexts(CONFIG.tls_cert, CONFIG.tls_key, CONFIG.tls_ca)
             except ValueError as e:
                 self._failed(e)
                 return
             conn = OutgoingConnection(
                 rt.loop,
-                path,
+                self.agent,
                 self._secret,
                 on_close=self._closed,
                 name=f"host agent {self.agent}",
                 loop_ident=rt.loop_thread.ident,
                 unreachable_timeout_s=timeout,
+                tls=contexts.client if contexts else None,
             )
             self._conn = conn
             conn.send(frame)
@@ -193,6 +195,22 @@ class HostConnection:
         rt = runtime()
         if self._conn is not None and not rt.closed:
             rt.loop_thread.call_soon(self._conn.close)
+
+
+def unreachable_client(client: str, agent: str) -> None:
+    """ValueError where a session on ``agent``'s host could not reach this client back at
+    ``client`` (its announcement, replies and procs' output all come that way)."""
+    from monarch._src.host.workers import is_loopback
+    from monarch._src.transport import address as addresses
+
+    addresses.parse(agent)  # ValueError saying which forms are accepted
+    if is_loopback(agent) or not is_loopback(client):
+        return
+    raise ValueError(
+        f"this client listens at {client}, which the host at {agent} cannot connect back to\n"
+        "HINT: call monarch.actor.enable_transport('tcp') first thing, with tcp_bind_host "
+        "(MONARCH_TCP_BIND_HOST) set to an address of this machine that the hosts can reach."
+    )
 
 
 def attach(agents: Sequence[str], secret: bytes) -> list[HostConnection]:

@@ -35,7 +35,8 @@ def host_address(address: str) -> str:
     return address
 
 
-def _is_loopback(address: str) -> bool:
+def is_loopback(address: str) -> bool:
+    """Whether only this machine reaches ``address`` (a Unix socket, or TCP on loopback)."""
     if address.startswith("unix:"):
         return True
     host = address[len("tcp:") :] if address.startswith("tcp:") else address
@@ -56,7 +57,7 @@ def host_secret(ca: str, private_key: Any, addresses: Sequence[str]) -> bytes:
     if secret is not None:
         return secret
     global _warned_exposed
-    exposed = [a for a in addresses if not _is_loopback(a)]
+    exposed = [a for a in addresses if not is_loopback(a)]
     if exposed and not _warned_exposed:
         _warned_exposed = True
         warnings.warn(
