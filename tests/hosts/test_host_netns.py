@@ -1,0 +1,130 @@
+"""Host agents on two hosts with network stacks of their own (the namespace cluster), reached
+over TCP: spawn, call and slicing by host, a client with a wrong secret, and a client the hosts
+cannot reach back. The client runs in the root namespace, at the cluster's bridge address."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import netns
+import pytest
+from helpers import IMPORT_TEST_MODULES, REPO, TESTS
+
+pytestmark = pytest.mark.timeout(90)
+
+AGENT_PORT = 4100
+
+CLIENT = (
+    IMPORT_TEST_MODULES
+    + """
+import json
+from actors import Pid
+from monarch.actor import context, endpoint, hosts_from_config
+
+
+class Where(Pid):
+    @endpoint
+    def address(self) -> str:
+        return context().actor_instance.proc_id
+
+
+hosts = hosts_from_config("MONARCH_TEST_HOSTS")
+try:
+    hosts.initialized.get(timeout=30)
+except Exception as e:
+    print("RESULT " + json.dumps({"error": str(e)}), flush=True)
+    raise SystemExit(0)
+procs = hosts.spawn_procs(per_host={"gpus": 2})
+where = procs.spawn("where", Where)
+addresses = where.address.call().get(timeout=30)
+host1 = where.slice(hosts=1).address.call().get(timeout=30)
+result = {
+    "extent": dict(procs.extent),
+    "addresses": [[point["hosts"], address] for point, address in addresses.items()],
+    "host1": sorted(host1.values()),
+}
+print("RESULT " + json.dumps(result), flush=True)
+hosts.shutdown().get(timeout=30)
+"""
+)
+
+
+@pytest.fixture
+def agents(cluster2: netns.Cluster, tmp_path: Path) -> tuple[list[str], str]:
+    """An agent on each host of the cluster, on its own address; (their addresses, secret file)."""
+    secret = tmp_path / "secret"
+    secret.write_text("netns-secret")
+    secret.chmod(0o600)
+    addresses = []
+    for i, host in enumerate(cluster2.hosts):
+        address = f"tcp:{host.address}:{AGENT_PORT}"
+        agent = cluster2.popen(
+            i,
+            [sys.executable, "-m", "monarch.host", "--listen", address, "--secret-file", str(secret)],
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(TESTS)},
+        )
+        first = agent.stderr.readline()  # type: ignore[union-attr]
+        assert f"listening on {address}" in first, first
+        addresses.append(address)
+    return addresses, str(secret)
+
+
+def run_client(cluster: netns.Cluster, hosts: list[str], **env: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", CLIENT],
+        capture_output=True,
+        text=True,
+        timeout=80,
+        cwd=REPO,
+        env={
+            **os.environ,
+            "MONARCH_TEST_HOSTS": ",".join(hosts),
+            "MONARCH_TRANSPORT": "tcp",
+            "MONARCH_TCP_BIND_HOST": cluster.bridge_address,
+            **env,
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    results = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert results, done.stderr
+    return json.loads(results[0][len("RESULT ") :])
+
+
+def test_spawn_call_and_slice_across_two_network_namespaces(
+    cluster2: netns.Cluster, agents: tuple[list[str], str]
+) -> None:
+    addresses, secret = agents
+    result = run_client(cluster2, addresses, MONARCH_HOST_SECRET_FILE=secret)
+    assert result["extent"] == {"hosts": 2, "gpus": 2}
+    for host, address in result["addresses"]:  # each proc listens on its own host's address
+        assert address.startswith(f"tcp:{cluster2.hosts[host].address}:"), result
+    assert len({a for _, a in result["addresses"]}) == 4
+    assert result["host1"] == sorted(a for h, a in result["addresses"] if h == 1)
+
+
+def test_a_client_with_a_wrong_secret_is_refused_over_the_network(
+    cluster2: netns.Cluster, agents: tuple[list[str], str]
+) -> None:
+    addresses, _ = agents
+    result = run_client(
+        cluster2, addresses[:1], MONARCH_HOST_SECRET="wrong", MONARCH_HOST_ATTACH_TIMEOUT_S="1"
+    )
+    assert "attach failed" in result["error"] and addresses[0] in result["error"], result
+
+
+def test_a_client_the_hosts_cannot_reach_back_says_what_to_set(
+    cluster2: netns.Cluster, agents: tuple[list[str], str]
+) -> None:
+    addresses, secret = agents
+    result = run_client(
+        cluster2, addresses[:1], MONARCH_HOST_SECRET_FILE=secret, MONARCH_TCP_BIND_HOST="127.0.0.1"
+    )
+    assert "cannot connect back" in result["error"] and "MONARCH_TCP_BIND_HOST" in result["error"], result
