@@ -17,7 +17,7 @@ from actors import Pid
 from helpers import REPO, TESTS, wait_gone, wait_until
 
 import monarch.actor
-from monarch.actor import MeshFailure, attach_to_workers, hosts_from_config
+from monarch.actor import Channel, MeshFailure, attach_to_workers, hosts_from_config
 from monarch.config import configured
 
 pytestmark = pytest.mark.timeout(60)
@@ -120,11 +120,14 @@ def test_run_worker_loop_forever_and_attach_to_workers(tmp_path: Path) -> None:
     assert server.returncode == 0
 
 
-def test_tls_is_not_there_yet_and_says_so() -> None:
-    with pytest.raises(NotImplementedError, match="TLS security plumbing"):
-        attach_to_workers(ca="/etc/ca.pem", workers=["unix:/x.sock"])
-    with pytest.raises(NotImplementedError, match="HINT: use ca='trust_all_connections'"):
+def test_tls_takes_both_files_before_the_runtime_starts() -> None:
+    with pytest.raises(ValueError, match="mutual TLS takes both ca"):
         attach_to_workers(private_key="/etc/key.pem", ca="trust_all_connections", workers=["unix:/x.sock"])
+    with pytest.raises(ValueError, match="mutual TLS takes both ca"):
+        attach_to_workers(ca="/etc/ca.pem", workers=["unix:/x.sock"])
+    Channel.open()  # this process's runtime is running (without TLS)
+    with pytest.raises(RuntimeError, match="TLS must be set up before this process's monarch runtime starts"):
+        attach_to_workers(ca="/etc/ca.pem", private_key="/etc/key.pem", workers=["unix:/x.sock"])
 
 
 def test_trust_all_to_a_non_loopback_address_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:

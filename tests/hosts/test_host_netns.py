@@ -14,6 +14,7 @@ from typing import Any
 import netns
 import pytest
 from helpers import IMPORT_TEST_MODULES, REPO, TESTS
+from tcp_helpers import make_certs
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -22,9 +23,9 @@ AGENT_PORT = 4100
 CLIENT = (
     IMPORT_TEST_MODULES
     + """
-import json
+import json, os
 from actors import Pid
-from monarch.actor import context, endpoint, hosts_from_config
+from monarch.actor import attach_to_workers, context, endpoint, hosts_from_config
 
 
 class Where(Pid):
@@ -33,7 +34,12 @@ class Where(Pid):
         return context().actor_instance.proc_id
 
 
-hosts = hosts_from_config("MONARCH_TEST_HOSTS")
+tls = json.loads(os.environ.get("TEST_TLS", "null"))
+if tls:  # Monarch's way: a CA file and this process's certificate with its key
+    workers = os.environ["MONARCH_TEST_HOSTS"].split(",")
+    hosts = attach_to_workers(ca=tls["ca"], private_key=tls["key"], workers=workers)
+else:
+    hosts = hosts_from_config("MONARCH_TEST_HOSTS")
 try:
     hosts.initialized.get(timeout=30)
 except Exception as e:
@@ -94,6 +100,7 @@ def run_client(cluster: netns.Cluster, hosts: list[str], **env: str) -> dict[str
     )
     assert done.returncode == 0, done.stderr
     results = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert not results or "error" in results[0] or "Traceback" not in done.stderr, done.stderr
     assert results, done.stderr
     return json.loads(results[0][len("RESULT ") :])
 
@@ -128,3 +135,49 @@ def test_a_client_the_hosts_cannot_reach_back_says_what_to_set(
         cluster2, addresses[:1], MONARCH_HOST_SECRET_FILE=secret, MONARCH_TCP_BIND_HOST="127.0.0.1"
     )
     assert "cannot connect back" in result["error"] and "MONARCH_TCP_BIND_HOST" in result["error"], result
+
+
+def _pem(certs: dict[str, str], who: str, folder: Path) -> str:
+    """One PEM file with ``who``'s certificate and key (Monarch's ``private_key``)."""
+    path = folder / f"{who}-with-key.pem"
+    path.write_text(Path(certs[f"{who}.pem"]).read_text() + Path(certs[f"{who}.key"]).read_text())
+    return str(path)
+
+
+def test_mutual_tls_with_monarchs_ca_and_private_key(cluster2: netns.Cluster, tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    node, rogue = _pem(certs, "node", tmp_path), _pem(certs, "rogue", tmp_path)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_HOST_SECRET")}
+    addresses = []
+    for i, host in enumerate(cluster2.hosts):
+        address = f"tcp://{host.address}:{AGENT_PORT}"
+        code = (
+            "from monarch.actor import run_worker_loop_forever\n"
+            f"run_worker_loop_forever(ca={certs['ca']!r}, private_key={node!r}, address={address!r})"
+        )
+        agent = cluster2.popen(
+            i,
+            [sys.executable, "-c", code],
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**clean, "PYTHONPATH": str(TESTS)},
+        )
+        line = agent.stderr.readline()  # type: ignore[union-attr]
+        assert "listening on tcp:" in line, line
+        addresses.append(address)
+    tls = json.dumps({"ca": certs["ca"], "key": node})
+    result = run_client(
+        cluster2,
+        addresses,
+        TEST_TLS=tls,
+        **{k: "" for k in ("MONARCH_HOST_SECRET", "MONARCH_HOST_SECRET_FILE")},
+    )
+    assert result["extent"] == {"hosts": 2, "gpus": 2}, result
+    refused = run_client(
+        cluster2,
+        addresses[:1],
+        TEST_TLS=json.dumps({"ca": certs["ca"], "key": rogue}),
+        MONARCH_HOST_ATTACH_TIMEOUT_S="2",
+    )
+    assert "attach failed" in refused["error"] and addresses[0][len("tcp://") :] in refused["error"], refused

@@ -362,6 +362,7 @@ def serve(sock: socket.socket, secret: bytes, once: bool = False, exit_with_pare
 
     loop = new_event_loop()
     agent = Agent(sock, secret, once)
+    logger.info("listening on %s (pid %d)", agent.address, os.getpid())
     if exit_with_parent:
         from monarch._src.runtime import parent_death
 
@@ -375,23 +376,23 @@ def serve(sock: socket.socket, secret: bytes, once: bool = False, exit_with_pare
         loop.close()
 
 
+def log_to_stderr(level: str = "info") -> None:
+    """The agent's own log on stderr: where it listens, each client's session starting and ending."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper()), format="monarch host agent: %(message)s", stream=sys.stderr
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the host agent CLI on ``argv`` (default ``sys.argv``); returns the exit status."""
     args = _parse(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="monarch host agent: %(message)s",
-        stream=sys.stderr,
-    )
+    log_to_stderr(args.log_level)
     try:
         secret = _secret_from(args)
         sock = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else listen_on(args.listen)
     except ValueError as e:
         sys.stderr.write(f"monarch host agent: {e}\n")
         return 2
-    from monarch._src.transport import address as addresses
-
-    logger.info("listening on %s (pid %d)", addresses.of_listening_socket(sock), os.getpid())
     serve(sock, secret, args.once, args.exit_with_parent)
     return 0
 
