@@ -16,12 +16,12 @@ from typing import Any
 
 from monarch._src.actor.future import Future
 from monarch._src.host.host_mesh import HostMesh, attach
+from monarch._src.transport.address import is_loopback
 
 # The agent module (and asyncio with it) is imported when first used: ``import monarch.actor``
 # stays light.
 
 TRUST_ALL = "trust_all_connections"
-_LOOPBACK_HOSTS = ("127.", "localhost", "[::1]", "::1")
 _warned_exposed = False
 
 
@@ -33,14 +33,6 @@ def host_address(address: str) -> str:
     if address.startswith("tcp://"):
         return "tcp:" + address[len("tcp://") :]
     return address
-
-
-def is_loopback(address: str) -> bool:
-    """Whether only this machine reaches ``address`` (a Unix socket, or TCP on loopback)."""
-    if address.startswith("unix:"):
-        return True
-    host = address[len("tcp:") :] if address.startswith("tcp:") else address
-    return host.startswith(_LOOPBACK_HOSTS)
 
 
 def host_secret(ca: str, private_key: Any, addresses: Sequence[str]) -> bytes:
