@@ -5,6 +5,7 @@ a wrong secret refused, an unreachable agent named in the error."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import warnings
@@ -17,6 +18,9 @@ from actors import Pid
 from helpers import REPO, TESTS, wait_gone, wait_until
 
 import monarch.actor
+from monarch._src.transport import auth
+from monarch._src.wire import protocol
+from monarch._src.wire.frame import encode_frame
 from monarch.actor import Channel, MeshFailure, attach_to_workers, hosts_from_config
 from monarch.config import configured
 
@@ -141,3 +145,43 @@ def test_trust_all_to_a_non_loopback_address_warns_once(monkeypatch: pytest.Monk
                 hosts.initialized.get(timeout=15)
     exposed = [w for w in seen if "any client that can reach" in str(w.message)]
     assert len(exposed) == 1, [str(w.message) for w in seen]
+
+
+def _authenticated_socket(path: str, secret: bytes) -> socket.socket:
+    """A connection to the agent at ``path`` that passed the handshake with ``secret``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(path)
+    nonce_s = auth.parse_challenge(sock.recv(auth.CHALLENGE_BYTES, socket.MSG_WAITALL))
+    nonce_c = auth.new_nonce()
+    sock.sendall(auth.client_proof(secret, nonce_s, nonce_c))
+    auth.check_server_proof(secret, nonce_c, nonce_s, sock.recv(auth.SERVER_PROOF_BYTES, socket.MSG_WAITALL))
+    return sock
+
+
+@pytest.mark.parametrize(
+    "header, bodies, logged",
+    [
+        ({protocol.KIND: protocol.HOST_HELLO_KIND}, [b"x"], "malformed hello"),  # no nonce, root, port
+        (protocol.host_hello(["a", 1], "root", b"n"), [], "unexpected frame"),  # no sealed secret
+        (protocol.message("actor", "endpoint", None, 0, [[], []]), [], "unexpected frame kind 1"),
+    ],
+)
+def test_a_malformed_hello_closes_only_that_connection(
+    agent: Any, monkeypatch: pytest.MonkeyPatch, header: dict, bodies: list, logged: str
+) -> None:
+    secret = Path(agent.secret_file).read_bytes().strip()
+    sock = _authenticated_socket(agent.address[len("unix:") :], secret)
+    with sock:
+        sock.sendall(b"".join(bytes(b) for b in encode_frame(header, bodies, 1 << 20)))
+        try:
+            assert sock.recv(1) == b""  # the agent closed this connection...
+        except ConnectionResetError:
+            pass  # ... or reset it
+    monkeypatch.setenv("MONARCH_TEST_HOSTS", agent.address)
+    monkeypatch.setenv("MONARCH_HOST_SECRET_FILE", agent.secret_file)
+    hosts = hosts_from_config("MONARCH_TEST_HOSTS")
+    assert hosts.initialized.get(timeout=20) is True  # and still serves a good client
+    hosts.shutdown().get(timeout=30)
+    log = agent.stderr_after_exit()
+    assert logged in log and log.count("session for client") == 1, log

@@ -88,12 +88,17 @@ class _Session:
         self.ended = False
 
     def hello(self, header: dict, bodies: list) -> None:
-        if self.proc is not None:
+        if self.started:
             self.conn.abort(auth.HandshakeError("a second hello on one connection"))
             return
-        job_secret = auth.unseal(self.agent.secret, bytes(header[protocol.NONCE]), bytes(bodies[0]))
         try:
-            self._start(job_secret, header[protocol.ROOT], list(header[protocol.REPLY_PORT]))
+            job_secret = auth.unseal(self.agent.secret, bytes(header[protocol.NONCE]), bytes(bodies[0]))
+            root, reply = str(header[protocol.ROOT]), list(header[protocol.REPLY_PORT])
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            self.conn.abort(auth.HandshakeError(f"malformed hello from a client: {e!r}"))
+            return
+        try:
+            self._start(job_secret, root, reply)
         except Exception as e:
             logger.exception("could not start a session")
             self.conn.abort(RuntimeError(f"could not start a session: {e}"))
@@ -106,34 +111,38 @@ class _Session:
 
         self.socket_dir = job_files.new_job_dir()
         listen, transport_env = self.agent.session_socket(self.socket_dir)
-        death_r, self.death_w = os.pipe()
-        secret_r = secret_pipe(job_secret)
-        fds = (listen.fileno(), death_r, secret_r)
-        env = worker_environment(
-            transport_env,
-            root,
-            {
-                "listen_fd": fds[0],
-                "death_fd": death_r,
-                "secret_fd": secret_r,
-                "socket_dir": self.socket_dir,
-                "init_modules": [*INIT_MODULES, "monarch._src.host.session"],
-                "gated": False,
-                "name": "host",
-                "rank": 0,
-                "announce": reply,
-            },
-            captured=False,
-        )
         address = addresses.of_listening_socket(listen)
+        child_fds: list[int] = []
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", WORKER_MODULE], pass_fds=fds, env=env, start_new_session=True
+            death_r, self.death_w = os.pipe()
+            child_fds.append(death_r)
+            child_fds.append(secret_pipe(job_secret))
+            env = worker_environment(
+                transport_env,
+                root,
+                {
+                    "listen_fd": listen.fileno(),
+                    "death_fd": death_r,
+                    "secret_fd": child_fds[1],
+                    "socket_dir": self.socket_dir,
+                    "init_modules": [*INIT_MODULES, "monarch._src.host.session"],
+                    "gated": False,
+                    "name": "host",
+                    "rank": 0,
+                    "announce": reply,
+                },
+                captured=False,
             )
-        finally:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE],
+                pass_fds=(listen.fileno(), *child_fds),
+                env=env,
+                start_new_session=True,
+            )
+        finally:  # the session has its copies
             listen.close()
-            os.close(death_r)
-            os.close(secret_r)
+            for fd in child_fds:
+                os.close(fd)
         self.started = True
         logger.info("session for client %s: pid %d at %s", root, self.proc.pid, address)
         self.agent.watch_exit(self)
