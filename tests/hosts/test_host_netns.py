@@ -13,7 +13,7 @@ from typing import Any
 
 import netns
 import pytest
-from helpers import IMPORT_TEST_MODULES, REPO, TESTS
+from helpers import IMPORT_TEST_MODULES, REPO, TESTS, run_python
 from tcp_helpers import make_certs
 
 pytestmark = pytest.mark.timeout(90)
@@ -84,20 +84,9 @@ def agents(cluster2: netns.Cluster, tmp_path: Path) -> tuple[list[str], str]:
 
 
 def run_client(cluster: netns.Cluster, hosts: list[str], **env: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-c", CLIENT],
-        capture_output=True,
-        text=True,
-        timeout=80,
-        cwd=REPO,
-        env={
-            **os.environ,
-            "MONARCH_TEST_HOSTS": ",".join(hosts),
-            "MONARCH_TRANSPORT": "tcp",
-            "MONARCH_TCP_BIND_HOST": cluster.bridge_address,
-            **env,
-        },
-    )
+    """Run ``CLIENT`` in the root namespace, listening on TCP at the cluster's bridge address."""
+    env = {"MONARCH_TRANSPORT": "tcp", "MONARCH_TCP_BIND_HOST": cluster.bridge_address, **env}
+    done = run_python(CLIENT, timeout=80, MONARCH_TEST_HOSTS=",".join(hosts), **env)
     assert done.returncode == 0, done.stderr
     results = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert not results or "error" in results[0] or "Traceback" not in done.stderr, done.stderr
