@@ -133,6 +133,7 @@ def _pem(certs: dict[str, str], who: str, folder: Path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_mutual_tls_with_monarchs_ca_and_private_key(cluster2: netns.Cluster, tmp_path: Path) -> None:
     certs = make_certs(tmp_path)
     node, rogue = _pem(certs, "node", tmp_path), _pem(certs, "rogue", tmp_path)
