@@ -1,6 +1,7 @@
 """Host agents on two hosts with network stacks of their own (the namespace cluster), reached
-over TCP: spawn, call and slicing by host, a client with a wrong secret, and a client the hosts
-cannot reach back. The client runs in the root namespace, at the cluster's bridge address."""
+over TCP: spawn, call and slicing by host, a client with a wrong secret, a client the hosts
+cannot reach back, a client killed with -9, mutual TLS. The client runs in the root namespace,
+at the cluster's bridge address."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import netns
+import psutil
 import pytest
-from helpers import IMPORT_TEST_MODULES, REPO, TESTS, run_python
+from helpers import IMPORT_TEST_MODULES, REPO, TESTS, end_client, run_python, running, wait_gone
 from tcp_helpers import make_certs
 
 pytestmark = pytest.mark.timeout(90)
@@ -171,3 +173,45 @@ def test_mutual_tls_with_monarchs_ca_and_private_key(cluster2: netns.Cluster, tm
         MONARCH_HOST_ATTACH_TIMEOUT_S="2",
     )
     assert "attach failed" in refused["error"] and addresses[0][len("tcp://") :] in refused["error"], refused
+
+
+HOLDING_CLIENT = (
+    IMPORT_TEST_MODULES
+    + """
+import json, threading
+from actors import Pid
+from monarch.actor import hosts_from_config
+procs = hosts_from_config("MONARCH_TEST_HOSTS").spawn_procs(per_host={"gpus": 1})
+print(json.dumps([pid for _, pid in procs.spawn("pid", Pid).pid.call().get(timeout=30).items()]), flush=True)
+threading.Event().wait(60)
+"""
+)
+
+
+def test_a_client_killed_9_loses_its_procs_on_every_host_and_the_agents_stay(
+    cluster2: netns.Cluster, agents: tuple[list[str], str]
+) -> None:
+    addresses, secret = agents
+    env = {
+        **os.environ,
+        "MONARCH_TEST_HOSTS": ",".join(addresses),
+        "MONARCH_TRANSPORT": "tcp",
+        "MONARCH_TCP_BIND_HOST": cluster2.bridge_address,
+        "MONARCH_HOST_SECRET_FILE": secret,
+    }
+    client = subprocess.Popen(
+        [sys.executable, "-c", HOLDING_CLIENT], stdout=subprocess.PIPE, text=True, cwd=REPO, env=env
+    )
+    pids: list[int] = []
+    try:
+        line = client.stdout.readline()  # type: ignore[union-attr]
+        assert line, f"the client died early (exit code {client.wait(10)})"
+        pids = json.loads(line)
+        sessions = [psutil.Process(p).ppid() for p in pids]
+        agent_pids = sorted({psutil.Process(s).ppid() for s in sessions})
+        client.kill()  # its TCP connections to the agents close with it
+        client.wait(10)
+        assert wait_gone(pids + sessions) == []
+        assert len(running(agent_pids)) == 2
+    finally:
+        end_client(client, pids)
