@@ -82,6 +82,7 @@ def test_each_kind_uses_distinct_keys_and_builders_use_them() -> None:
         protocol.log_lines("m", 1, "label", "[x=0] ", last=True),
         protocol.log_flush(["addr", 1], 0),
         protocol.log_option(["addr", 1], 0, protocol.log_options(True, "addr", "m", 20, "p")),
+        protocol.host_hello(["addr", 1], "root", b"nonce"),
         protocol.shm_give_back(["f"]),
     ]
     assert sorted(h[protocol.KIND] for h in built) == sorted(protocol.KINDS)

@@ -32,6 +32,9 @@ from monarch._src.actor.supervision import unhandled_fault_hook as unhandled_fau
 from monarch._src.host.host_mesh import HostMesh as HostMesh
 from monarch._src.host.host_mesh import shutdown_context as shutdown_context
 from monarch._src.host.host_mesh import this_host as this_host
+from monarch._src.host.hosts_config import hosts_from_config as hosts_from_config
+from monarch._src.host.workers import attach_to_workers as attach_to_workers
+from monarch._src.host.workers import run_worker_loop_forever as run_worker_loop_forever
 from monarch._src.mesh.extent import Extent as Extent
 from monarch._src.mesh.point import Point as Point
 from monarch._src.mesh.shape import Shape as Shape
@@ -59,6 +62,7 @@ __all__ = [
     "SupervisionError",
     "ValueMesh",
     "as_endpoint",
+    "attach_to_workers",
     "concurrent_endpoint",
     "config",
     "context",
@@ -68,6 +72,8 @@ __all__ = [
     "enable_transport",
     "endpoint",
     "get_or_spawn_controller",
+    "hosts_from_config",
+    "run_worker_loop_forever",
     "send",
     "shutdown_context",
     "this_host",

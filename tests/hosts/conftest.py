@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import netns
 import pytest
+from helpers import REPO, TESTS, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +29,56 @@ def cluster2(netns_ready: None) -> Iterator[netns.Cluster]:
     """Two hosts in network namespaces on one bridge, removed after the test."""
     with netns.Cluster(2) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def hosts2(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """A ``{"hosts": 2}`` mesh of two host agents on this machine (``local:2``), shut down after
+    the test (every proc spawned on it, the agents' sessions, the agents themselves)."""
+    from monarch.actor import hosts_from_config
+
+    monkeypatch.setenv("MONARCH_TEST_HOSTS", "local:2")
+    hosts = hosts_from_config("MONARCH_TEST_HOSTS")
+    yield hosts
+    try:
+        hosts.shutdown().get(timeout=30)
+    except RuntimeError as e:  # the test shut it down itself
+        assert "already been shut down" in str(e)
+
+
+class Agent:
+    """A host agent started by hand, as an operator would: its process, address, secret file."""
+
+    def __init__(self, proc: subprocess.Popen[str], address: str, secret_file: str) -> None:
+        self.proc = proc
+        self.address = address
+        self.secret_file = secret_file
+
+    def stderr_after_exit(self) -> str:
+        """Stop the agent (SIGTERM) and return what it logged."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=10)
+        return err
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Agent]:
+    """``python -m monarch.host`` listening on a socket in ``tmp_path``, its secret in a file;
+    its procs can import the tests' modules (``actors``). Stopped after the test."""
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret-for-the-test\n")
+    secret.chmod(0o600)
+    path = tmp_path / "agent.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monarch.host", "--listen", f"unix:{path}", "--secret-file", str(secret)],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(TESTS)),
+    )
+    wait_until(lambda: path.exists() or proc.poll() is not None, what="the agent's socket")
+    yield Agent(proc, f"unix:{path}", str(secret))
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=10)

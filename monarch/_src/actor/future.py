@@ -302,3 +302,38 @@ def add_done_callback(future: Future[R], cb: Callable[[Future[R]], None]) -> Non
 def outcome(future: Future[R]) -> tuple[R | None, BaseException | None]:
     """``(value, None)`` or ``(None, exception)`` of a resolved ``future``, without raising."""
     return future._value, future._exc
+
+
+def when_all_done(
+    futures: list[Future[Any]], deadline_s: float | None = None, on_deadline: Callable[[], None] | None = None
+) -> Future[None]:
+    """Resolves with None once every one of ``futures`` is resolved, whatever its outcome.
+
+    If ``deadline_s`` passes first, ``on_deadline`` runs (on a timer thread) to make the rest
+    resolve, e.g. by killing the processes whose exits they wait for; the wait goes on.
+    """
+    result: Future[None] = pending_future()
+    pending = [f for f in futures if not f.done()]
+    if not pending:
+        set_result(result, None)
+        return result
+    left = [len(pending)]
+    lock = threading.Lock()
+    timer: threading.Timer | None = None
+    if deadline_s is not None and on_deadline is not None:
+        timer = threading.Timer(deadline_s, on_deadline)
+        timer.daemon = True
+        timer.start()
+
+    def one_done(_: Future[Any]) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            if timer is not None:
+                timer.cancel()
+            set_result(result, None)
+
+    for f in pending:
+        add_done_callback(f, one_done)
+    return result

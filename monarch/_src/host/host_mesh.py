@@ -4,20 +4,32 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from monarch._src.actor import proc_mesh as proc_mesh_module
-from monarch._src.actor.future import Future, completed_future
-from monarch._src.actor.proc_mesh import ProcMesh, run_bootstrap
+from monarch._src.actor.future import (
+    Future,
+    add_done_callback,
+    completed_future,
+    outcome,
+    pending_future,
+    set_exception,
+    set_result,
+    when_all_done,
+)
+from monarch._src.actor.proc_mesh import ProcMesh, ProcOwner, run_bootstrap
 from monarch._src.actor.process_state import retire_runtime
+from monarch._src.host.session import SESSION_ENV
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.mesh_trait import MeshTrait
 from monarch._src.mesh.point import Point
 from monarch._src.mesh.shape import Shape
 
-if TYPE_CHECKING:  # the spawner is imported when the first processes are spawned
+if TYPE_CHECKING:  # imported when the first processes are spawned, or hosts attached
+    from monarch._src.host.remote import Host, HostConnection
     from monarch._src.host.spawner import ProcGroup
 
 EnvSpec = Mapping[str, str] | Callable[[Point], Mapping[str, str]] | None
@@ -53,19 +65,29 @@ class _ProcMeshOwner:
 
 
 class HostMesh(MeshTrait):
-    """A mesh of hosts. On the client, ``this_host()`` is the local machine (0-dimensional)."""
+    """A mesh of hosts. On the client, ``this_host()`` is the local machine (0-dimensional);
+    ``hosts_from_config`` and ``attach_to_workers`` give meshes of machines run by host agents.
+    """
 
-    def __init__(self, shape: Shape, is_local: bool = True) -> None:
+    def __init__(
+        self, shape: Shape, hosts: tuple[Host, ...] | None = None, owner: _Attachment | None = None
+    ) -> None:
         self._host_shape = shape
-        self._is_local = is_local
+        #: By base rank, the machines reached through host agents; None: this machine, where
+        #: this process spawns the procs itself.
+        self._hosts = hosts
+        #: The attachment this mesh made (only the mesh ``attach`` returned: it may shut down).
+        self._owner = owner
         self._shut_down = False
+        #: The name given to ``attach_to_workers`` (for people).
+        self._name: str | None = None
 
     @property
     def _shape(self) -> Shape:
         return self._host_shape
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(shape, self._is_local)
+        return HostMesh(shape, self._hosts)
 
     def spawn_procs(
         self,
@@ -75,7 +97,8 @@ class HostMesh(MeshTrait):
         env: EnvSpec = None,
         preload: Sequence[str] | None = None,
     ) -> ProcMesh:
-        """Start one OS process per point of ``per_host`` on every host; returns at once.
+        """Start one OS process per point of ``per_host`` on every host; returns at once
+        (on hosts run by agents, after one round trip to each host's agent).
 
         ``bootstrap`` runs first on every new process (e.g. to set variables before CUDA
         initializes); ``env`` adds environment variables, either one mapping for all processes
@@ -84,7 +107,7 @@ class HostMesh(MeshTrait):
         every process is then forked from (see ``host/forkserver.py``): four processes that
         import torch pay for one import.
         """
-        if self._shut_down:
+        if self._shut_down or (self._owner is not None and self._owner.shut_down):
             raise RuntimeError("HostMesh has already been shut down")
         if isinstance(preload, str):
             raise TypeError(
@@ -107,34 +130,172 @@ class HostMesh(MeshTrait):
                 envs.append(dict(env(Point(rank, extent))))
             else:
                 envs.append(dict(env or {}))
-        from monarch._src.host.spawner import ProcGroup  # subprocess is slow to import
+        owner: ProcOwner
+        if self._hosts is not None:
+            from monarch._src.host.remote import RemoteProcGroup
 
-        group = ProcGroup(name, envs, gated=bootstrap is not None, preload=list(preload or ()))
-        mesh = ProcMesh(tuple(group.addresses), Shape.from_extent(extent), owner=_ProcMeshOwner(group))
+            per = len(envs) // host_ext.nelements
+            hosts = [self._hosts[r] for r in self._host_shape.ranks()]
+            envs_by_host = [envs[i * per : (i + 1) * per] for i in range(len(hosts))]
+            owner = group = RemoteProcGroup(
+                name, hosts, envs_by_host, bootstrap is not None, list(preload or ())
+            )
+            addresses = group.addresses
+        else:
+            from monarch._src.host.spawner import ProcGroup  # subprocess is slow to import
+
+            local = ProcGroup(name, envs, gated=bootstrap is not None, preload=list(preload or ()))
+            owner, addresses = _ProcMeshOwner(local), local.addresses
+        mesh = ProcMesh(tuple(addresses), Shape.from_extent(extent), owner=owner)
         if bootstrap is not None:
             mesh._initialized = run_bootstrap(mesh, bootstrap)
         return mesh
 
     def shutdown(self) -> Future[None]:
-        """Mark this host mesh finished with; a second call raises, as shutting down twice is a bug."""
-        if self._shut_down:
+        """Stop every proc spawned on these hosts and end this client's sessions there.
+
+        Only the mesh that attached may (not a slice of it, nor a copy sent to an actor); a
+        second call raises, as shutting down twice is a bug."""
+        if self._hosts is not None and self._owner is None:
+            raise RuntimeError("cannot shut down `HostMesh` that is a reference instead of owned")
+        if self._shut_down or (self._owner is not None and self._owner.shut_down):
             raise RuntimeError("HostMesh has already been shut down")
         self._shut_down = True
-        return completed_future(None)
+        if self._owner is None:
+            return completed_future(None)
+        return self._owner.shutdown()
 
     @property
     def initialized(self) -> Future[bool]:
-        """Resolves once the hosts can spawn processes; already done, as they start processes on demand."""
-        return completed_future(True)
+        """Resolves once every host can spawn processes; fails, naming the host agent's address,
+        if one cannot be attached to (unreachable, a wrong secret, no session started)."""
+        if self._hosts is None:
+            return completed_future(True)
+        return _all_attached([self._hosts[r] for r in self._host_shape.ranks()])
+
+    async def __aenter__(self) -> HostMesh:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.shutdown()
 
     def __reduce__(self) -> Any:
-        return (HostMesh, (self._host_shape, self._is_local))
+        return (HostMesh, (self._host_shape, self._hosts))
 
     def __repr__(self) -> str:
-        return f"HostMesh({self._host_shape.extent})"
+        if self._hosts is None:
+            return f"HostMesh({self._host_shape.extent})"
+        agents = [self._hosts[r].agent for r in self._host_shape.ranks()]
+        name = f"{self._name!r}, " if self._name else ""
+        return f"HostMesh({name}{self._host_shape.extent}, hosts={agents})"
+
+
+def _all_attached(hosts: list[Host]) -> Future[bool]:
+    done: Future[bool] = pending_future()
+    left = [len(hosts)]
+    lock = threading.Lock()
+
+    def one(f: Future[str]) -> None:
+        _, exc = outcome(f)
+        if exc is not None:
+            set_exception(done, exc)
+            return
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            set_result(done, True)
+
+    if not hosts:
+        set_result(done, True)
+    for host in hosts:
+        add_done_callback(host.session, one)
+    return done
+
+
+class _Attachment:
+    """The connections a client opened to host agents: what an owned ``HostMesh`` shuts down."""
+
+    def __init__(self, connections: list[HostConnection], on_shutdown: Callable[[], None] | None) -> None:
+        self.connections = connections
+        #: Run once every connection closed (e.g. reap the agents ``hosts_from_config`` started).
+        self.on_shutdown = on_shutdown
+        self.shut_down = False
+        with _attachments_lock:
+            _attachments.add(self)
+
+    def shutdown(self) -> Future[None]:
+        from monarch._src.host.remote import groups_on
+
+        self.shut_down = True
+        with _attachments_lock:
+            _attachments.discard(self)
+        attached = [
+            c for c in self.connections if c.host.session.done() and outcome(c.host.session)[1] is None
+        ]
+        sessions = [c.host.session_address() for c in attached]
+        stopped = when_all_done([g.stop("host mesh shut down") for g in groups_on(sessions)])
+        done: Future[None] = pending_future()
+
+        def finish(_: Future[None]) -> None:
+            for c in self.connections:
+                c.close()
+            if self.on_shutdown is None:
+                set_result(done, None)
+                return
+
+            def run_on_shutdown() -> None:  # off the loop: the connections close on it
+                try:
+                    self.on_shutdown()  # type: ignore[misc]
+                finally:
+                    set_result(done, None)
+
+            threading.Thread(target=run_on_shutdown, name="monarch-host-shutdown", daemon=True).start()
+
+        add_done_callback(stopped, finish)
+        return done
+
+
+_attachments_lock = threading.Lock()
+#: Attachments not shut down yet: the client's exit shuts them down.
+_attachments: set[_Attachment] = set()
+
+
+def attach(
+    agents: Sequence[str],
+    secret: bytes,
+    name: str | None = None,
+    on_shutdown: Callable[[], None] | None = None,
+) -> HostMesh:
+    """A ``{"hosts": N}`` mesh of the machines whose host agents listen at ``agents``,
+    returned at once (see ``remote.attach``); ``on_shutdown`` runs after it was shut down."""
+    from monarch._src.host.remote import attach as connect
+
+    connections = connect(agents, secret)
+    shape = Shape.from_extent(Extent(["hosts"], [len(agents)]))
+    mesh = HostMesh(shape, tuple(c.host for c in connections), _Attachment(connections, on_shutdown))
+    mesh._name = name
+    return mesh
+
+
+def _shutdown_attachments(timeout: float) -> None:
+    with _attachments_lock:
+        attachments = list(_attachments)
+    futures = [a.shutdown() for a in attachments]
+    for f in futures:
+        try:
+            f.get(timeout)
+        except Exception:
+            pass
 
 
 def _local_host_mesh() -> HostMesh:
+    """The machine this process runs on: for a proc a host agent spawned, that agent's host."""
+    session = os.environ.get(SESSION_ENV)
+    if session:
+        from monarch._src.host.remote import host_reference
+
+        return HostMesh(Shape.unity(), (host_reference(session, session),))
     return HostMesh(Shape.unity())
 
 
@@ -162,6 +323,7 @@ def shutdown_context() -> Future[None]:
         from monarch._src.host.log_capture import flush_at_exit
         from monarch._src.host.spawner import stop_all_groups
 
+        _shutdown_attachments(timeout=1.0)
         stop_all_groups(timeout=1.0)
         flush_at_exit()  # what the workers printed last, and buffered aggregation, before exit
         rt.shutdown()

@@ -118,9 +118,15 @@ class _Pipe:
 class OutputCapture:
     """The two output pipes of one worker, read on the spawner's loop."""
 
-    def __init__(self, label: str, stdout_fd: int, stderr_fd: int) -> None:
+    def __init__(self, label: str, stdout_fd: int, stderr_fd: int, forward_to: str | None = None) -> None:
         self.label = label
+        #: Where output goes when its mesh does not stream (``logging_option``): the address of
+        #: a process to send it to (a host agent's client), or None for this process's own
+        #: stdout/stderr.
+        self._forward_to = forward_to
         self._pipes = (_Pipe(stdout_fd, 1), _Pipe(stderr_fd, 2))
+        for pipe in self._pipes:
+            pipe.dest = forward_to
         self._controls: dict[tuple, set[int]] = {}
         self._rt = runtime()
         self.finished = threading.Event()
@@ -223,7 +229,7 @@ class OutputCapture:
                 pipe.dest, pipe.mid = options.get(OPT_DEST), options.get(OPT_MESH)
                 pipe.prefix = options.get(OPT_PREFIX) or ""
             else:
-                pipe.dest, pipe.mid, pipe.prefix = None, None, ""
+                pipe.dest, pipe.mid, pipe.prefix = self._forward_to, None, ""
             if pipe.timer is None and pipe.partial and pipe.dest is None:
                 pipe.timer = self._rt.loop.call_later(PARTIAL_LINE_DELAY_S, self._show_partial, pipe)
         token = (op, tuple(obj.get(REPLY_PORT) or ()), obj.get(RANK))
@@ -366,12 +372,14 @@ def flush_barrier(addresses: list[str], timeout: float = FLUSH_BARRIER_TIMEOUT_S
 _ipython_hook_registered = False
 
 
-#: Supplies the addresses of the live workers whose output this process reads.
-def _no_workers() -> list[str]:
-    return []
+#: Each supplies addresses of live workers whose output reaches this process (the workers
+#: this process spawned, those a host agent spawned for it).
+worker_address_sources: list[Callable[[], list[str]]] = []
 
 
-live_worker_addresses: Callable[[], list[str]] = _no_workers
+def live_worker_addresses() -> list[str]:
+    """Every live worker whose output this process shows, for a flush barrier."""
+    return [address for source in worker_address_sources for address in source()]
 
 
 def _post_run_cell(*_: Any) -> None:

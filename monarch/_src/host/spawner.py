@@ -21,7 +21,7 @@ from typing import Any
 
 from monarch._src.actor import config as actor_config
 from monarch._src.actor import supervision
-from monarch._src.actor.future import Future, add_done_callback, pending_future, set_result
+from monarch._src.actor.future import Future, pending_future, set_result, when_all_done
 from monarch._src.actor.log_forwarding import CAPTURE_ENV
 from monarch._src.actor.process_state import runtime
 from monarch._src.host import log_capture
@@ -58,7 +58,7 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def _secret_pipe(secret: bytes) -> int:
+def secret_pipe(secret: bytes) -> int:
     """The read end of a pipe holding ``secret``: the worker reads it at start-up, so the secret
     never appears in any process's environment (``/proc/<pid>/environ``)."""
     r, w = os.pipe()
@@ -70,6 +70,26 @@ def _secret_pipe(secret: bytes) -> int:
     finally:
         os.close(w)
     return r
+
+
+def worker_environment(
+    extra_env: Mapping[str, str], root: str, bootstrap: dict[str, Any], captured: bool
+) -> dict[str, str]:
+    """The environment of a worker process: this process's, ``extra_env``, what the worker's
+    bootstrap reads (``bootstrap``: its descriptors, socket directory, init modules...), and
+    ``captured``: whether its stdout/stderr are pipes read by its spawner."""
+    env = dict(os.environ)
+    env.update(extra_env)
+    env["MONARCH_ROOT_ADDRESS"] = root
+    # Workers import what the client can: classes defined next to the script or in test
+    # modules unpickle there by reference.
+    env["PYTHONPATH"] = worker_pythonpath(env.get("PYTHONPATH"))
+    env[framework_log.LOG_DIR_ENV] = framework_log.log_dir()
+    env[actor_config.PREFIX_ENV] = "1" if actor_config.prefix_python_logs_with_actor else "0"
+    if captured:
+        env[CAPTURE_ENV] = "1"
+    env[BOOTSTRAP_ENV] = json.dumps(bootstrap)
+    return env
 
 
 class _Launch:
@@ -111,11 +131,15 @@ class ProcGroup:
         gated: bool = False,
         capture_output: bool = True,
         preload: Sequence[str] = (),
+        output_to: str | None = None,
     ) -> None:
         rt = runtime()
         self.name = name
         #: Read the workers' stdout/stderr (log_capture); False: they inherit this process's.
         self.capture_output = capture_output
+        #: Where captured output goes by default (a host agent's session sends it to the
+        #: client); None: this process's own stdout/stderr.
+        self.output_to = output_to
         self.captures: list[log_capture.OutputCapture | None] = []
         self.addresses: list[str] = []
         #: ``subprocess.Popen``s, or ``forkserver.ForkedProc``s with ``preload``.
@@ -160,20 +184,13 @@ class ProcGroup:
             launch.address = of_listening_socket(sock)
             launch.listen_fd = sock.detach()
             launch.death_r, launch.death_w = os.pipe()
-            launch.secret_r = _secret_pipe(rt.secret)
-            env = dict(os.environ)
-            env.update(extra_env)
-            env["MONARCH_ROOT_ADDRESS"] = root
-            # Workers import what the client can: classes defined next to the script or in
-            # test modules unpickle there by reference.
-            env["PYTHONPATH"] = worker_pythonpath(env.get("PYTHONPATH"))
-            env[framework_log.LOG_DIR_ENV] = framework_log.log_dir()
-            env[actor_config.PREFIX_ENV] = "1" if actor_config.prefix_python_logs_with_actor else "0"
+            launch.secret_r = secret_pipe(rt.secret)
             if self.capture_output:
-                env[CAPTURE_ENV] = "1"
                 launch.out_r, launch.out_w = log_capture.make_pipe()
                 launch.err_r, launch.err_w = log_capture.make_pipe()
-            env[BOOTSTRAP_ENV] = json.dumps(
+            launch.env = worker_environment(
+                extra_env,
+                root,
                 {
                     "listen_fd": launch.listen_fd,
                     "death_fd": launch.death_r,
@@ -183,9 +200,9 @@ class ProcGroup:
                     "gated": gated,
                     "name": self.name,
                     "rank": rank,
-                }
+                },
+                captured=self.capture_output,
             )
-            launch.env = env
         except BaseException:
             launch.close_parent_side(keep_readers=False)
             raise
@@ -232,7 +249,9 @@ class ProcGroup:
     def _started(self, rt: Any, launch: _Launch) -> None:
         rank = launch.rank
         if launch.out_r >= 0:
-            capture = log_capture.OutputCapture(f"{self.name} rank {rank}", launch.out_r, launch.err_r)
+            capture = log_capture.OutputCapture(
+                f"{self.name} rank {rank}", launch.out_r, launch.err_r, self.output_to
+            )
             rt.loop_thread.call_soon(capture.start)
             self.captures.append(capture)
         else:
@@ -317,28 +336,7 @@ class ProcGroup:
                     rt.send(address, stop_proc(), [])
                 except Exception:
                     pass
-        result: Future[None] = pending_future()
-        pending = [f for f in self._exit_futures if not f.done()]
-        if not pending:
-            set_result(result, None)
-            return result
-        remaining = [len(pending)]
-        lock = threading.Lock()
-
-        def one_done(_: Future[int]) -> None:
-            with lock:
-                remaining[0] -= 1
-                last = remaining[0] == 0
-            if last:
-                timer.cancel()
-                set_result(result, None)
-
-        timer = threading.Timer(timeout, self.kill)
-        timer.daemon = True
-        timer.start()
-        for f in pending:
-            add_done_callback(f, one_done)
-        return result
+        return when_all_done(list(self._exit_futures), timeout, self.kill)
 
     def kill(self) -> None:
         self._stop_requested = True
@@ -352,12 +350,17 @@ class ProcGroup:
                     pass
 
     def wait(self, timeout: float | None = None) -> None:
-        for proc in self.procs:
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        reap(self.procs, timeout)
+
+
+def reap(procs: Sequence[Any], timeout: float | None) -> None:
+    """Wait up to ``timeout`` seconds for each of ``procs`` to exit; kill those that do not."""
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def live_worker_addresses() -> list[str]:
@@ -372,12 +375,12 @@ def live_worker_addresses() -> list[str]:
     ]
 
 
-log_capture.live_worker_addresses = live_worker_addresses
+log_capture.worker_address_sources.append(live_worker_addresses)
 
 
 def flush_worker_output(timeout: float = log_capture.FLUSH_BARRIER_TIMEOUT_S) -> bool:
     """Make everything the running workers printed so far visible here (bounded wait)."""
-    return log_capture.flush_barrier(live_worker_addresses(), timeout)
+    return log_capture.flush_barrier(log_capture.live_worker_addresses(), timeout)
 
 
 def stop_all_groups(timeout: float) -> None:

@@ -60,6 +60,13 @@ class RuntimeConfig:
         default_factory=lambda: float(_int_env("MONARCH_CLEANUP_TIMEOUT_S", 3)),
         metadata={"monarch": "cleanup_timeout"},
     )
+    #: Seconds attaching to a host agent may take (connect, authenticate, start the client's
+    #: session there) before the host is reported unreachable: ``HostMesh.initialized`` and
+    #: ``spawn_procs`` on it fail, naming its address. Monarch's ``mesh_attach_config_timeout``.
+    host_attach_timeout_s: float = field(
+        default_factory=lambda: float(_int_env("MONARCH_HOST_ATTACH_TIMEOUT_S", 10)),
+        metadata={"monarch": "mesh_attach_config_timeout"},
+    )
     #: How long shutdown waits for a worker to exit by itself before killing it.
     stop_timeout_s: float = 5.0
     #: What the listeners of this process's runtime and of the procs it spawns are: "unix"

@@ -83,6 +83,20 @@ def is_unix(address: str) -> bool:
     return address.startswith(UNIX_PREFIX)
 
 
+def is_loopback(address: str) -> bool:
+    """Whether only this machine can reach ``address``: a Unix socket, or TCP on a loopback
+    address (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    parsed = parse(address)
+    if isinstance(parsed, UnixAddress):
+        return True
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(parsed.host).is_loopback
+    except ValueError:
+        return parsed.host == "localhost"
+
+
 def listen_unix(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -71,3 +71,23 @@ def server_proof(secret: bytes, nonce_c: bytes, nonce_s: bytes) -> bytes:
 def check_server_proof(secret: bytes, nonce_c: bytes, nonce_s: bytes, data: bytes) -> None:
     if not hmac.compare_digest(bytes(data), server_proof(secret, nonce_c, nonce_s)):
         raise HandshakeError("server failed authentication (wrong job secret)")
+
+
+def _keystream(secret: bytes, nonce: bytes, size: int) -> bytes:
+    blocks = (
+        hmac.digest(secret, b"seal" + nonce + i.to_bytes(4, "big"), hashlib.sha256)
+        for i in range(size // 32 + 1)
+    )
+    return b"".join(blocks)[:size]
+
+
+def seal(secret: bytes, message: bytes) -> tuple[bytes, bytes]:
+    """``(nonce, sealed)``: ``message`` hidden from anyone without ``secret`` (a one-time pad
+    from HMAC under a fresh nonce). How a client hands its job secret to a host agent that
+    authenticated it, so that an eavesdropper on that connection does not learn it."""
+    nonce = new_nonce()
+    return nonce, bytes(a ^ b for a, b in zip(message, _keystream(secret, nonce, len(message))))
+
+
+def unseal(secret: bytes, nonce: bytes, sealed: bytes) -> bytes:
+    return bytes(a ^ b for a, b in zip(sealed, _keystream(secret, nonce, len(sealed))))

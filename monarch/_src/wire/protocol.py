@@ -33,6 +33,8 @@ LOG_KIND = 7
 LOG_FLUSH_KIND = 8
 #: ``ProcMesh.logging_option`` applied by one worker (and, through its pipes, its spawner).
 LOG_OPTION_KIND = 9
+#: A client asking a host agent for a session of its job (on the agent's own connection).
+HOST_HELLO_KIND = 10
 #: "I no longer use these shared-memory files you lent me" (runtime-internal).
 SHM_GIVE_BACK_KIND = 64
 
@@ -46,6 +48,7 @@ KINDS = (
     LOG_KIND,
     LOG_FLUSH_KIND,
     LOG_OPTION_KIND,
+    HOST_HELLO_KIND,
     SHM_GIVE_BACK_KIND,
 )
 
@@ -100,6 +103,10 @@ PREFIX = "x"
 END_OF_STREAM = "e"
 #: LOG_OPTION: the options, built by ``log_options``.
 LOG_OPTIONS = "o"
+#: HOST_HELLO: the client's root address (its workers' controllers live there).
+ROOT = "o"
+#: HOST_HELLO: the nonce the job secret (the frame's body) is sealed with.
+NONCE = "n"
 #: SHM_GIVE_BACK: names of the files given back.
 FILE_NAMES = "n"
 #: Any frame sent between processes: indexes of the bodies that are shared-memory file names.
@@ -137,6 +144,7 @@ FIELDS: dict[int, tuple[str, ...]] = {
     LOG_KIND: (LOG_MESH, STREAM, LABEL, PREFIX, END_OF_STREAM),
     LOG_FLUSH_KIND: (REPLY_PORT, RANK),
     LOG_OPTION_KIND: (REPLY_PORT, RANK, LOG_OPTIONS),
+    HOST_HELLO_KIND: (REPLY_PORT, ROOT, NONCE),
     SHM_GIVE_BACK_KIND: (FILE_NAMES,),
 }
 
@@ -228,6 +236,11 @@ def log_options(stream: bool, dest: str, mesh: Any, level: int, prefix: str | No
     if prefix is not None:
         options[OPT_PREFIX] = prefix
     return options
+
+
+def host_hello(reply: list, root: str, nonce: bytes) -> dict[str, Any]:
+    """Sent once on a client's connection to a host agent; the body is the sealed job secret."""
+    return {KIND: HOST_HELLO_KIND, REPLY_PORT: reply, ROOT: root, NONCE: nonce}
 
 
 def shm_give_back(names: list[str]) -> dict[str, Any]:

@@ -1,0 +1,131 @@
+"""``hosts_from_config(name)``: the hosts of a job, from the configuration named ``name``.
+
+The environment variable ``name`` holds one of the forms in ``FORMS``. Each form is
+``<scheme>:<rest>`` or a list of agent addresses, so a scheduler (``slurm:...``) is one more
+scheme, parsed here and served by a module of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from monarch._src.host.host_mesh import HostMesh, attach
+from monarch._src.host.workers import host_address
+
+FORMS = """the accepted forms are:
+  local:N                   N host agents started on this machine, torn down with the mesh
+  ADDRESS[,ADDRESS...]      running host agents (python -m monarch.host): unix:/path/agent.sock
+                            (Monarch's ipc:///path and tcp://host:port are accepted too)
+  /path/to/file             a file holding either form (addresses one per line or comma-separated;
+                            lines starting with # are comments)
+Agents at given addresses are reached with the shared secret in MONARCH_HOST_SECRET or
+MONARCH_HOST_SECRET_FILE."""
+
+_ADDRESS_SCHEMES = ("unix:", "tcp:", "ipc://", "tcp://")
+#: Schemes that will name schedulers (each is an issue of its own).
+_SCHEDULERS = ("slurm",)
+#: Seconds local agents get to exit after their client detached, before they are killed.
+LOCAL_AGENT_EXIT_S = 5.0
+
+
+def _error(name: str, what: str) -> ValueError:
+    return ValueError(f"hosts_from_config({name!r}): {what}\n{FORMS}")
+
+
+def hosts_from_config(name: str) -> HostMesh:
+    """A ``{"hosts": N}`` HostMesh from the configuration in environment variable ``name``
+    (see ``FORMS``); returned at once, attaching in the background."""
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        raise _error(name, f"the environment variable {name} is not set")
+    return _hosts_from(name, value.strip(), allow_file=True)
+
+
+def _hosts_from(name: str, value: str, allow_file: bool) -> HostMesh:
+    scheme, colon, rest = value.partition(":")
+    if colon and scheme == "local":
+        if not rest.isdigit() or int(rest) < 1:
+            raise _error(name, f"{value!r}: local:N takes a positive number of hosts")
+        return local_hosts(int(rest))
+    if colon and scheme in _SCHEDULERS:
+        raise _error(name, f"{value!r}: the {scheme} scheduler is not supported yet")
+    if allow_file and not value.startswith(_ADDRESS_SCHEMES) and os.path.isfile(value):
+        with open(value) as f:
+            lines = [line.split("#", 1)[0].strip() for line in f]
+        text = ",".join(line for line in lines if line)
+        if not text:
+            raise _error(name, f"the file {value} names no hosts")
+        return _hosts_from(name, text, allow_file=False)
+    addresses = [a.strip() for a in value.replace("\n", ",").split(",") if a.strip()]
+    bad = [a for a in addresses if not a.startswith(_ADDRESS_SCHEMES)]
+    if bad or not addresses:
+        raise _error(name, f"{bad[0] if bad else value!r} is not a host agent address, nor a file")
+    from monarch._src.host.agent import read_secret
+
+    secret = read_secret()
+    if secret is None:
+        raise ValueError(
+            f"hosts_from_config({name!r}): no secret to attach to the host agents with\n"
+            "HINT: set MONARCH_HOST_SECRET or MONARCH_HOST_SECRET_FILE to the agents' secret."
+        )
+    return attach([host_address(a) for a in addresses], secret, name)
+
+
+class LocalAgents:
+    """Host agents this client started on its own machine (``local:N``, ``ProcessJob``)."""
+
+    def __init__(self, count: int, env: Mapping[str, str] | None = None) -> None:
+        from monarch._src.actor.process_state import runtime
+        from monarch._src.host.spawner import secret_pipe, worker_pythonpath
+        from monarch._src.transport.address import of_listening_socket
+        from monarch._src.transport.auth import new_secret
+
+        rt = runtime()
+        self.secret = new_secret()
+        self.addresses: list[str] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        child_env["PYTHONPATH"] = worker_pythonpath(child_env.get("PYTHONPATH"))
+        try:
+            for _ in range(count):
+                sock = rt.new_listen_socket()  # on this client's transport
+                secret_r = secret_pipe(self.secret)
+                try:
+                    self.addresses.append(of_listening_socket(sock))
+                    command = [sys.executable, "-m", "monarch.host", "--listen-fd", str(sock.fileno())]
+                    command += [
+                        "--secret-fd",
+                        str(secret_r),
+                        "--once",
+                        "--exit-with-parent",
+                        "--log-level",
+                        "warning",
+                    ]
+                    self.procs.append(
+                        subprocess.Popen(
+                            command, pass_fds=(sock.fileno(), secret_r), env=child_env, start_new_session=True
+                        )
+                    )
+                finally:
+                    sock.close()
+                    os.close(secret_r)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Wait for the agents to exit (their client detached), killing those that do not."""
+        from monarch._src.host.spawner import reap
+
+        reap(self.procs, LOCAL_AGENT_EXIT_S)
+
+
+def local_hosts(count: int, env: Mapping[str, str] | None = None) -> HostMesh:
+    """``count`` host agents started here, as a ``{"hosts": count}`` mesh; they exit when it
+    is shut down, or when this client exits."""
+    agents = LocalAgents(count, env)
+    return attach(agents.addresses, agents.secret, f"local:{count}", on_shutdown=agents.stop)

@@ -1,0 +1,134 @@
+"""A client's session on a host agent: the process that spawns that client's procs there.
+
+A host agent (``host/agent.py``) serves clients that proved they hold its secret. For each
+client it starts one session process: an ordinary worker of the *client's* job (the client's
+job secret, read from a pipe; a socket directory of its own on this host), so the client and
+every process of its job talk to it, and to the procs it spawns, like to any other process.
+This module is what runs in it:
+
+* at start (``on_worker_start``, named in the bootstrap's init modules), it registers the
+  ``HostActor`` under a well-known key and sends its address to the client's port, which is
+  how the client learns where the session listens;
+* ``HostActor.start_group`` starts procs with the same ``ProcGroup`` as on the client's own host
+  (``preload``, ``env``, ``bootstrap`` gating), reads their output and sends it to the
+  requester (``log_capture``), and reports each exit to the requester's port;
+* when a requester is lost (its process died), the procs it spawned here are killed; when the
+  agent ends the session (the client went away), this process is killed and its procs notice
+  their parent's death (``runtime/parent_death``) and exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from monarch._src.actor import dispatch
+from monarch._src.actor.actor import Actor
+from monarch._src.actor.endpoint import endpoint
+from monarch._src.actor.port import Port
+from monarch._src.actor.process_state import runtime
+from monarch._src.wire import payload, protocol
+
+logger = logging.getLogger("monarch.host")
+
+#: In a proc spawned by a session: the session's address (that proc's ``this_host()``).
+SESSION_ENV = "MONARCH_HOST_SESSION"
+#: The actor key of every session's ``HostActor``.
+HOST_ACTOR_KEY = "__monarch_host__"
+#: The bootstrap setting naming the client's port the session announces itself to.
+ANNOUNCE = "announce"
+
+
+class HostActor(Actor):
+    """Spawns, stops and kills procs on this host for any process of the job."""
+
+    def __init__(self) -> None:
+        from monarch._src.host.spawner import ProcGroup
+
+        self._group_class = ProcGroup
+        self._groups: dict[int, Any] = {}
+        #: requester address -> ids of the groups it spawned here.
+        self._by_requester: dict[str, set[int]] = {}
+        self._next_id = 0
+        runtime().on_peer_lost(self._requester_lost)
+
+    @endpoint
+    def start_group(
+        self,
+        name: str,
+        envs: Sequence[Mapping[str, str]],
+        gated: bool,
+        preload: Sequence[str],
+        exits: Port[tuple[int, str, int]],
+        requester: str,
+    ) -> tuple[int, list[str], list[int]]:
+        """Start one proc per entry of ``envs``; their output goes to ``requester`` and each
+        exit ``(rank, how, code)`` to ``exits``. Returns (group id, addresses, pids)."""
+        address = runtime().address
+        envs = [{**env, SESSION_ENV: address} for env in envs]
+        group = self._group_class(name, envs, gated=gated, preload=list(preload), output_to=requester)
+        group_id = self._next_id
+        self._next_id += 1
+        self._groups[group_id] = group
+        self._by_requester.setdefault(requester, set()).add(group_id)
+
+        def exited(rank: int, how: str, code: int) -> None:
+            try:
+                exits.send((rank, how, code))
+            except Exception:
+                logger.debug("could not report an exit to %s", requester, exc_info=True)
+            if not any(group.alive()):
+                self._groups.pop(group_id, None)
+                self._by_requester.get(requester, set()).discard(group_id)
+
+        group.on_exit.append(exited)
+        for rank, code in enumerate(list(group.returncodes)):
+            if code is not None:  # exited before the callback was in place
+                exited(rank, "exited", code)
+        return group_id, list(group.addresses), [proc.pid for proc in group.procs]
+
+    @endpoint
+    def stop_group(self, group_id: int, reason: str) -> None:
+        """Ask the group's procs to exit (killed after the stop timeout); exits are reported."""
+        group = self._groups.get(group_id)
+        if group is not None:
+            group.stop(reason)
+
+    @endpoint
+    def kill_group(self, group_id: int) -> None:
+        group = self._groups.get(group_id)
+        if group is not None:
+            group.kill()
+
+    def _requester_lost(self, address: str, reason: BaseException) -> None:
+        for group_id in self._by_requester.pop(address, set()):
+            group = self._groups.get(group_id)
+            if group is not None:
+                logger.warning("killing %s: the process that spawned it is gone (%s)", group.name, reason)
+                group.kill()
+
+
+def _announce(reply: list) -> None:
+    """(main thread, runtime live) Start the HostActor, then tell the client where we are."""
+    rt = runtime()
+    dispatch.handle_spawn(
+        protocol.spawn(
+            HOST_ACTOR_KEY, "host", 0, [[], []], (rt.address,), ["host", "host", "<host agent>"], None
+        ),
+        payload.dumps((HostActor, (), {})),
+    )
+    info = {"address": rt.address, "hostname": socket.gethostname(), "pid": os.getpid()}
+    announce: Port[dict[str, Any]] = Port(reply[0], reply[1])
+    announce.send(info)
+
+
+def on_worker_start(config: dict[str, Any]) -> None:
+    """Bootstrap hook: announce this session once its runtime is up (before it, nothing can
+    be sent)."""
+    from monarch._src.runtime import bootstrap
+
+    reply = config[ANNOUNCE]
+    bootstrap.run_on_main_thread(lambda: _announce(reply))
