@@ -292,8 +292,11 @@ def test_public_names_import() -> None:
         assert getattr(actor, name) is not None, name
 
 
-def test_import_monarch_actor_does_not_import_torch() -> None:
-    code = "import sys, monarch.actor; print('torch' in sys.modules)"
+def test_import_monarch_actor_stays_light() -> None:
+    # torch never; the event loop, sockets and subprocesses only once the runtime starts, so
+    # that a script pays for them when it uses them (and `--help` of a tool stays fast).
+    heavy = ["torch", "asyncio", "socket", "subprocess"]
+    code = f"import sys, monarch.actor; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "[]"

@@ -22,7 +22,6 @@ from monarch._src.actor.future import (
 )
 from monarch._src.actor.proc_mesh import ProcMesh, ProcOwner, run_bootstrap
 from monarch._src.actor.process_state import retire_runtime
-from monarch._src.host.session import SESSION_ENV
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.mesh_trait import MeshTrait
 from monarch._src.mesh.point import Point
@@ -291,6 +290,8 @@ def _shutdown_attachments(timeout: float) -> None:
 
 def _local_host_mesh() -> HostMesh:
     """The machine this process runs on: for a proc a host agent spawned, that agent's host."""
+    from monarch._src.host.session import SESSION_ENV  # sockets, actors: not on `import monarch.actor`
+
     session = os.environ.get(SESSION_ENV)
     if session:
         from monarch._src.host.remote import host_reference

@@ -8,12 +8,15 @@ scheme, parsed here and served by a module of its own.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from monarch._src.host.host_mesh import HostMesh, attach
 from monarch._src.host.workers import host_address
+
+if TYPE_CHECKING:
+    import subprocess
 
 FORMS = """the accepted forms are:
   local:N                   N host agents started on this machine, torn down with the mesh
@@ -78,6 +81,8 @@ class LocalAgents:
     """Host agents this client started on its own machine (``local:N``, ``ProcessJob``)."""
 
     def __init__(self, count: int, env: Mapping[str, str] | None = None) -> None:
+        import subprocess  # only where local agents are started
+
         from monarch._src.actor.process_state import runtime
         from monarch._src.host.spawner import secret_pipe, worker_pythonpath
         from monarch._src.transport.address import of_listening_socket

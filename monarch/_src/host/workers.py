@@ -16,7 +16,6 @@ from typing import Any
 
 from monarch._src.actor.future import Future
 from monarch._src.host.host_mesh import HostMesh, attach
-from monarch._src.transport.address import is_loopback
 
 # The agent module (and asyncio with it) is imported when first used: ``import monarch.actor``
 # stays light.
@@ -46,6 +45,8 @@ def host_secret(ca: str, private_key: Any, addresses: Sequence[str]) -> bytes:
     secret = read_secret()
     if secret is not None:
         return secret
+    from monarch._src.transport.address import is_loopback  # socket: not on `import monarch.actor`
+
     global _warned_exposed
     exposed = [a for a in addresses if not is_loopback(a)]
     if ca == TRUST_ALL and exposed and not _warned_exposed:

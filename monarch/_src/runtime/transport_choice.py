@@ -10,7 +10,6 @@ otherwise), so mesh references carry ``tcp:`` addresses, and large buffers trave
 from __future__ import annotations
 
 from monarch._src.runtime.config import CONFIG, configure, transport_of_config
-from monarch._src.runtime.runtime import Runtime
 
 #: Monarch's names accepted by ``enable_transport`` and the transport each selects. "tls" is
 #: TCP that insists on the TLS settings being there.
@@ -34,6 +33,8 @@ def enable_transport(transport: str) -> None:
             "HINT: set tls_cert, tls_key and tls_ca with monarch.configure(), or "
             "MONARCH_TLS_CERT, MONARCH_TLS_KEY and MONARCH_TLS_CA, before enable_transport."
         )
+    from monarch._src.runtime.runtime import Runtime  # asyncio and uvloop: not on `import monarch.actor`
+
     rt = Runtime.current()
     if rt is not None and rt.transport == kind:
         return  # started on it already
