@@ -235,8 +235,16 @@ class JobRendezvous:
                 self.client.add(self._key(self.round.index, "left"), 1)
             except StoreGone:
                 pass
-        if self.server is not None and self.round is not None:
-            self._wait_for_count(self._key(self.round.index, "left"), self.round.group_world_size)
+        if self.server is not None and self.round is not None and self.client is not None:
+            # The others read the end record from this store: keep it up until they left
+            # (a lost node never will).
+            index = self.round.index
+            try:
+                end = json.loads(self.client.get(self._key(index, "end")) or b"{}")
+            except StoreGone:
+                end = {}
+            members = self.round.group_world_size - (end.get("reason") == "node_lost")
+            self._wait_for_count(self._key(index, "left"), members)
         if self.client is not None:
             self.client.close()
             self.client = None
@@ -280,7 +288,9 @@ class JobRendezvous:
         :raises RendezvousError: not enough nodes within ``join_timeout``, or the job ended.
         """
         client = self._client()
-        index = self.round.index + 1 if self.round is not None else int(client.get(self.prefix + "current") or 0)
+        index = (
+            self.round.index + 1 if self.round is not None else int(client.get(self.prefix + "current") or 0)
+        )
         me = NodeInfo(
             addr=self.addr,
             pid=os.getpid(),
@@ -307,9 +317,7 @@ class JobRendezvous:
                 raise RendezvousError(self._timeout_message(index + 1))
             end = json.loads(client.get(self._key(index, "end")))
             if end.get("reason") not in ("joined", *FAILURE_REASONS):
-                raise RendezvousError(
-                    f"the job ended ({end.get('reason')}) before this node could join it"
-                )
+                raise RendezvousError(f"the job ended ({end.get('reason')}) before this node could join it")
             index += 1
 
         nodes = self._members(index, closed["count"])
