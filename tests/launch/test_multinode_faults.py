@@ -11,6 +11,7 @@ import re
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,16 @@ if mode == "alone_waits" and os.environ["WORLD_SIZE"] == "1":
 if mode == "sleep" or (mode == "fail_rank1_sleep0" and rank == "0"):
     time.sleep(60)
 """
+
+
+def static_nodes(script: str, out: Path, mode: str, *flags: str) -> list[list[str]]:
+    port = str(free_port())
+    return [
+        launcher("monarch")
+        + ["--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port", port]
+        + [*flags, script, str(out), mode]
+        for n in (0, 1)
+    ]
 
 
 def c10d_nodes(script: str, out: Path, mode: str, *flags: str, nnodes: str = "2") -> list[list[str]]:
@@ -76,9 +87,12 @@ def test_a_failure_on_one_node_stops_every_node_with_the_summary(scripts: Script
     assert ran(out) == ["0_2_0", "1_2_0"]
 
 
-def test_restarts_are_counted_for_the_job_and_every_node_restarts(scripts: Scripts, out: Path) -> None:
+@pytest.mark.parametrize("nodes", [c10d_nodes, static_nodes], ids=["c10d", "static"])
+def test_restarts_are_counted_for_the_job_and_every_node_restarts(
+    scripts: Scripts, out: Path, nodes: Callable[..., list[list[str]]]
+) -> None:
     script = scripts.write("worker.py", WORKER)
-    runs = run_nodes(c10d_nodes(script, out, "fail_rank1_once", "--max-restarts", "1"), timeout=60)
+    runs = run_nodes(nodes(script, out, "fail_rank1_once", "--max-restarts", "1"), timeout=60)
     assert [r.rc for r in runs] == [0, 0], runs
     # Both nodes ran a second round, and both see restart 1 (torchrun: 0 on the healthy node).
     assert ran(out) == ["0_2_0", "0_2_1", "1_2_0", "1_2_1"]
