@@ -278,6 +278,11 @@ class Agent:
         launcher_env: Mapping[str, str],
         log: logging.Logger,
     ) -> None:
+        if target.is_call and not config.is_single_node:
+            raise ValueError(
+                f"the library form runs single-node jobs; --nnodes={config.min_nodes}:{config.max_nodes} "
+                "needs one `python -m monarch.launch` per node running a script"
+            )
         self.config = config
         self.target = target
         self.env = dict(launcher_env)

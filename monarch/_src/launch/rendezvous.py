@@ -143,8 +143,10 @@ class _Settings:
             value = config.rdzv_configs.get(key)
             return default if value is None else float(value)
 
+        # The static backend has one bound for the whole rendezvous: torchrun's `timeout`.
+        join_key = "timeout" if config.rdzv_backend == "static" else "join_timeout"
         return cls(
-            join_timeout=seconds("join_timeout", 600),
+            join_timeout=seconds(join_key, 600),
             last_call_timeout=seconds("last_call_timeout", 30),
             close_timeout=seconds("close_timeout", 30),
             read_timeout=seconds("read_timeout", 60),
