@@ -107,6 +107,17 @@ def test_the_restart_budget_is_the_jobs(scripts: Scripts, out: Path) -> None:
     assert all(len((out / name).read_text().split()) == 1 for name in ran(out))
 
 
+def test_a_launcher_stopped_by_a_signal_stops_the_other_node(scripts: Scripts, out: Path) -> None:
+    script = scripts.write("worker.py", WORKER)
+    procs = start_nodes(c10d_nodes(script, out, "sleep"))
+    wait_until(lambda: len(ran(out)) == 2, timeout=30, what="both nodes' workers running")
+    os.kill(procs[0].pid, signal.SIGTERM)
+    runs = finish(procs, timeout=30)
+    assert [r.rc for r in runs] == [1, 1], runs
+    assert "SignalException: Process" in runs[0].err, runs[0]
+    assert re.search(r"the launcher of node \d was stopped by signal 15", runs[1].err), runs[1]
+
+
 def listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0

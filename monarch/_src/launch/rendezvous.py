@@ -344,12 +344,14 @@ class JobRendezvous:
 
     def _round_deadline(self) -> float:
         s = self.settings
-        return s.join_timeout + (s.last_call_timeout if self.config.min_nodes < self.config.max_nodes else 0)
+        elastic = not self.static and self.config.min_nodes < self.config.max_nodes
+        return s.join_timeout + (s.last_call_timeout if elastic else 0)
 
     def _timeout_message(self, index: int) -> str:
         joined = self._client().add(self._key(index, "joined"), 0)
+        need = self.config.max_nodes if self.static else self.config.min_nodes
         return (
-            f"rendezvous timed out: {joined} of {self.config.min_nodes} node(s) joined round {index} of "
+            f"rendezvous timed out: {joined} of {need} node(s) joined round {index} of "
             f"job {self.config.rdzv_id!r} within join_timeout={self.settings.join_timeout:g} s\n"
             "HINT: start the other nodes' launchers with the same --rdzv-id/--rdzv-endpoint and "
             "--nnodes, or raise --rdzv-conf join_timeout="
@@ -359,9 +361,11 @@ class JobRendezvous:
         """The first node of a round closes it, like torchrun's last call."""
         cfg, s = self.config, self.settings
         node_key = lambda n: self._key(index, f"node/{n - 1}")  # noqa: E731
-        if not self._wait([node_key(cfg.min_nodes)], s.join_timeout):
+        # The static backend always waits for MAX nodes, as torchrun's does.
+        need = cfg.max_nodes if self.static else cfg.min_nodes
+        if not self._wait([node_key(need)], s.join_timeout):
             raise RendezvousError(self._timeout_message(index))
-        if cfg.min_nodes < cfg.max_nodes:
+        if need < cfg.max_nodes:
             self._wait([node_key(cfg.max_nodes)], s.last_call_timeout)
         client = self._client()
         count = min(client.add(self._key(index, "joined"), 0), cfg.max_nodes)
