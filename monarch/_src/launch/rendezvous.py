@@ -79,6 +79,8 @@ class NodeInfo:
     role: str
     host: str
     node_rank: int
+    #: this launcher hosts the rendezvous store (the job ends with it).
+    store_host: bool = False
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,7 @@ class JobRendezvous:
             role=self.config.role,
             host=socket.getfqdn(),
             node_rank=self.config.node_rank if self.static else -1,
+            store_host=self.server is not None,
         )
         while True:
             slot = client.add(self._key(index, "joined"), 1) - 1
@@ -437,13 +440,16 @@ class RoundWatch:
         self._end_client.close()
 
     def _lost_store(self, err: Exception) -> None:
-        if not self._stop.is_set():
-            self.post(
-                RoundEnded(
-                    self.round.index,
-                    {"reason": "store_lost", "detail": f"{err} (did the launcher hosting it die?)"},
-                )
-            )
+        if self._stop.is_set():
+            return
+        record: dict[str, Any] = {
+            "reason": "store_lost",
+            "detail": f"{err} (did the launcher hosting it die?)",
+        }
+        for group_rank, node in enumerate(self.round.nodes):
+            if node.store_host:
+                record.update(node=group_rank, host=node.host, pid=node.pid)
+        self.post(RoundEnded(self.round.index, record))
 
     def _wait_end(self) -> None:
         key = self.rdzv._key(self.round.index, "end")
