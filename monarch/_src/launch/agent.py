@@ -583,7 +583,11 @@ class Agent:
                     if self.rdzv is None or a.round is None:
                         return "succeeded"
                     a.local_done = True  # the job succeeds when every node's workers did
-                    self.rdzv.report_success(a.round)
+                    try:
+                        self.rdzv.report_success(a.round)
+                    except StoreGone:
+                        pass  # the round's watch reports the lost store
+
             elif isinstance(event, FunctionReturned) and event.attempt == a.index:
                 if event.error is None:
                     a.results[event.rank] = event.value
