@@ -35,6 +35,8 @@ if rank == "1" and fails.get(mode):
     while not os.path.exists(os.path.join(out, f"0_2_{restart}")) and time.monotonic() < deadline:
         time.sleep(0.01)  # fail once rank 0 (on the other node) runs in this round too
     sys.exit(3)
+if mode == "together_wait" and os.environ["WORLD_SIZE"] == "2":
+    time.sleep(60)  # until the other node's launcher is killed and the group restarts
 if mode == "alone_waits" and os.environ["WORLD_SIZE"] == "1":
     time.sleep(60)  # until the second node joins and the group restarts
 if mode == "sleep" or (mode == "fail_rank1_sleep0" and rank == "0"):
@@ -165,3 +167,23 @@ def test_an_elastic_job_starts_with_min_nodes_and_a_late_node_joins_at_a_restart
     assert [r.rc for r in runs] == [0, 0], runs
     # A membership change is not a restart: TORCHELASTIC_RESTART_COUNT stays 0.
     assert ran(out) == ["0_1_0", "0_2_0", "1_2_0"]
+
+
+@pytest.mark.slow
+def test_an_elastic_job_goes_on_without_a_lost_node(scripts: Scripts, out: Path) -> None:
+    script = scripts.write("worker.py", WORKER)
+    conf = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2"
+    first, second = c10d_nodes(
+        script, out, "together_wait", "--max-restarts", "1", "--rdzv-conf", conf, nnodes="1:2"
+    )
+    port = int(first[first.index("--rdzv-endpoint") + 1].split(":")[1])
+    [host] = start_nodes([first])
+    wait_until(lambda: listening(port), timeout=30, what="the first launcher hosting the store")
+    [other] = start_nodes([second])
+    wait_until(lambda: ran(out) == ["0_2_0", "1_2_0"], timeout=30, what="both nodes' workers running")
+    os.kill(other.pid, signal.SIGKILL)
+    [run] = finish([host], timeout=30)
+    other.wait(timeout=10)
+    assert run.rc == 0, run
+    # The survivor restarted alone (a lost node uses up a restart) and finished.
+    assert ran(out) == ["0_1_1", "0_2_0", "1_2_0"]

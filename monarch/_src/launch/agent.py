@@ -328,7 +328,7 @@ class Agent:
                 self.rdzv.open()
             attempt_index = 0
             while True:
-                rnd = self.rdzv.next_round() if self.rdzv is not None else None
+                rnd = self._rendezvous()
                 state = self._run_attempt(attempt_index, rnd)
                 a = self.attempt
                 assert a is not None
@@ -375,6 +375,27 @@ class Agent:
             output_writer.flush_all(2.0)
             if self.dirs is not None:
                 self.dirs.cleanup()
+
+    def _rendezvous(self) -> Round | None:
+        """The next round of a multi-node job (logged like torchrun's result), else None."""
+        if self.rdzv is None:
+            return None
+        self.log.info("[%s] Rendezvous'ing worker group", self.config.role)
+        rnd = self.rdzv.next_round()
+        self.log.info(
+            "[%s] Rendezvous complete for workers. Result: round=%s restart_count=%s master_addr=%s "
+            "master_port=%s group_rank=%s group_world_size=%s global_ranks=%s world_size=%s",
+            self.config.role,
+            rnd.index,
+            rnd.restart_count,
+            rnd.master_addr,
+            rnd.master_port,
+            rnd.group_rank,
+            rnd.group_world_size,
+            list(range(rnd.rank_offset, rnd.rank_offset + self.config.nproc_per_node)),
+            rnd.world_size,
+        )
+        return rnd
 
     # -- one attempt ------------------------------------------------------------------------------
 
