@@ -4,6 +4,7 @@ one per "node", each bounded, their outputs collected."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -56,6 +57,12 @@ def run_nodes(
     commands: Sequence[Sequence[str]], timeout: float = 60, env: dict[str, str] | None = None
 ) -> list[Run]:
     return finish(start_nodes(commands, env), timeout)
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port`` (a launcher hosting a store)."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def read_envs(directory: Path, world_size: int) -> list[dict[str, str]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_until
 from launch_helpers import Scripts, free_port
-from multinode_helpers import finish, launcher, run_nodes, start_nodes
+from multinode_helpers import finish, launcher, listening, run_nodes, start_nodes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -118,11 +117,6 @@ def test_a_launcher_stopped_by_a_signal_stops_the_other_node(scripts: Scripts, o
     assert [r.rc for r in runs] == [1, 1], runs
     assert "SignalException: Process" in runs[0].err, runs[0]
     assert re.search(r"the launcher of node \d was stopped by signal 15", runs[1].err), runs[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ from . import stacks as stacks_module
 from .command import EntryKind, WorkerCommand
 from .config import LaunchConfig, Std
 from .logs import RunDirs, Tailer, TailFile, line_prefix
-from .rendezvous import FAILURE_REASONS, JobRendezvous, Round, RoundEnded, RoundWatch
+from .rendezvous import FAILURE_REASONS, JobRendezvous, RendezvousInterrupted, Round, RoundEnded, RoundWatch
 from .store import StoreServer
 from .store_client import StoreGone
 from .summary import ChildFailedError, ProcessFailure, RankReport
@@ -306,6 +306,8 @@ class Agent:
         self._events.put(event)
 
     def signal(self, signum: int) -> None:
+        if self.rdzv is not None:
+            self.rdzv.interrupt(signum)  # the main thread may be waiting for the other nodes
         self.post(SignalReceived(signum))
 
     def dump_stacks(self, reason: str = "SIGUSR1") -> None:
@@ -324,49 +326,10 @@ class Agent:
             )
         self.tailer = Tailer()
         try:
-            if self.rdzv is not None:
-                self.rdzv.open()
-            attempt_index = 0
-            while True:
-                rnd = self._rendezvous()
-                state = self._run_attempt(attempt_index, rnd)
-                a = self.attempt
-                assert a is not None
-                reports = self._reports(a)
-                if state == "succeeded":
-                    values: list[Any]
-                    if self.target.is_call:
-                        values = [a.results[r] for r in range(a.nproc)]
-                    else:
-                        values = list(a.exit_codes)
-                    return Outcome("succeeded", attempt_index + 1, values=values, reports=reports)
-                if state == "signaled":
-                    return Outcome(
-                        "signaled", attempt_index + 1, signum=self._pending_signal, reports=reports
-                    )
-                if state == "rejoin":
-                    self.log.info("[%s] a new node joined; will restart worker group", config.role)
-                    attempt_index += 1
-                    continue
-                remaining = config.max_restarts - (rnd.restart_count if rnd is not None else attempt_index)
-                if remaining > 0 and not a.terminal:
-                    self.log.info(
-                        "[%s] Worker group FAILED. %s/%s attempts left; will restart worker group",
-                        config.role,
-                        remaining,
-                        config.max_restarts,
-                    )
-                    attempt_index += 1
-                    continue
-                error = ChildFailedError(self.target.name, dict(a.failures))
-                root_rank, _ = error.get_first_failure()
-                return Outcome(
-                    "failed",
-                    attempt_index + 1,
-                    error=error,
-                    cause=a.causes.get(root_rank),
-                    reports=reports,
-                )
+            return self._run_attempts()
+        except RendezvousInterrupted as stop:
+            self.log.warning("Received %s death signal while waiting for the other nodes", stop.signum)
+            return Outcome("signaled", 0, signum=stop.signum)
         finally:
             if self.rdzv is not None:
                 self.rdzv.close()
@@ -375,6 +338,50 @@ class Agent:
             output_writer.flush_all(2.0)
             if self.dirs is not None:
                 self.dirs.cleanup()
+
+    def _run_attempts(self) -> Outcome:
+        config = self.config
+        if self.rdzv is not None:
+            self.rdzv.open()
+        attempt_index = 0
+        while True:
+            rnd = self._rendezvous()
+            state = self._run_attempt(attempt_index, rnd)
+            a = self.attempt
+            assert a is not None
+            reports = self._reports(a)
+            if state == "succeeded":
+                values: list[Any]
+                if self.target.is_call:
+                    values = [a.results[r] for r in range(a.nproc)]
+                else:
+                    values = list(a.exit_codes)
+                return Outcome("succeeded", attempt_index + 1, values=values, reports=reports)
+            if state == "signaled":
+                return Outcome("signaled", attempt_index + 1, signum=self._pending_signal, reports=reports)
+            if state == "rejoin":
+                self.log.info("[%s] a new node joined; will restart worker group", config.role)
+                attempt_index += 1
+                continue
+            remaining = config.max_restarts - (rnd.restart_count if rnd is not None else attempt_index)
+            if remaining > 0 and not a.terminal:
+                self.log.info(
+                    "[%s] Worker group FAILED. %s/%s attempts left; will restart worker group",
+                    config.role,
+                    remaining,
+                    config.max_restarts,
+                )
+                attempt_index += 1
+                continue
+            error = ChildFailedError(self.target.name, dict(a.failures))
+            root_rank, _ = error.get_first_failure()
+            return Outcome(
+                "failed",
+                attempt_index + 1,
+                error=error,
+                cause=a.causes.get(root_rank),
+                reports=reports,
+            )
 
     def _rendezvous(self) -> Round | None:
         """The next round of a multi-node job (logged like torchrun's result), else None."""

@@ -50,6 +50,7 @@ __all__ = [
     "JobRendezvous",
     "NodeInfo",
     "RendezvousError",
+    "RendezvousInterrupted",
     "Round",
     "RoundEnded",
     "RoundWatch",
@@ -67,6 +68,14 @@ FAILURE_REASONS = ("failed", "node_lost")
 
 class RendezvousError(RuntimeError):
     """The nodes could not form (or keep) a job; the message says which and what to do."""
+
+
+class RendezvousInterrupted(Exception):
+    """A signal reached the launcher while it waited for the other nodes."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by signal {signum} during the rendezvous")
+        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -191,6 +200,21 @@ class JobRendezvous:
         self.server: StoreServer | None = None
         self.client: StoreClient | None = None
         self.round: Round | None = None
+        self._interrupted: int | None = None
+        self._waiting: StoreClient | None = None
+
+    def interrupt(self, signum: int) -> None:
+        """Abandon the rendezvous: a wait in progress (and every later one) raises
+        :class:`RendezvousInterrupted`. Safe in a signal handler: the main thread may be
+        blocked in that very wait, which the kernel does not end for a handled signal."""
+        self._interrupted = signum
+        waiting = self._waiting
+        if waiting is not None:
+            waiting.close()
+
+    def _check_interrupted(self) -> None:
+        if self._interrupted is not None:
+            raise RendezvousInterrupted(self._interrupted)
 
     # -- the store ------------------------------------------------------------------------------
 
@@ -204,6 +228,7 @@ class JobRendezvous:
         if self.server is not None:
             self.log.info("hosting the rendezvous store on %s:%s", self.store_host, self.store_port)
         self.client = self._connect(retry_for=self.settings.join_timeout)
+        self._check_interrupted()
         return self
 
     def _bind(self, required: bool) -> StoreServer | None:
@@ -225,8 +250,10 @@ class JobRendezvous:
                 self.store_port,
                 timeout=self.settings.read_timeout,
                 retry_for=retry_for,
+                give_up=lambda: self._interrupted is not None,
             )
         except StoreGone as err:
+            self._check_interrupted()
             raise RendezvousError(
                 f"{err}\nHINT: start the launcher of node rank 0 (static) or the one on the "
                 "--rdzv-endpoint host (c10d), and check that this node can reach that address"
@@ -274,10 +301,17 @@ class JobRendezvous:
         """Wait for ``keys`` on a connection of its own (a timed-out wait spoils a connection)."""
         if timeout <= 0:
             return False
+        self._check_interrupted()
         client = self._connect()
+        self._waiting = client
         try:
+            self._check_interrupted()  # a signal between the check above and here
             return client.wait(keys, timeout)
+        except StoreGone:
+            self._check_interrupted()
+            raise
         finally:
+            self._waiting = None
             client.close()
 
     def _client(self) -> StoreClient:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from collections.abc import Callable
 
-from .store import ADD, COMPARE_SET, GET, SET, VALIDATE, VALIDATE_MAGIC, WAIT
+from .store import ADD, COMPARE_SET, GET, MAX_VALUE_LEN, SET, VALIDATE, VALIDATE_MAGIC, WAIT
 
 __all__ = ["StoreClient", "StoreGone", "connect"]
 
@@ -113,12 +114,23 @@ class StoreClient:
 
     def _read_blob(self) -> bytes:
         size = _U64.unpack(self._recv(8))[0]
+        if size > MAX_VALUE_LEN:
+            # Not a TCPStore (say, another service on that port): do not allocate its garbage.
+            self.close()
+            raise StoreGone(f"{self.address} answered a {size}-byte value: is it a TCPStore?")
         return self._recv(size) if size else b""
 
 
-def connect(host: str, port: int, *, timeout: float, retry_for: float = 0.0) -> StoreClient:
+def connect(
+    host: str,
+    port: int,
+    *,
+    timeout: float,
+    retry_for: float = 0.0,
+    give_up: Callable[[], bool] = lambda: False,
+) -> StoreClient:
     """Connect to the store at ``host:port``, retrying refused connections for ``retry_for``
-    seconds (the launcher that hosts it may not listen yet).
+    seconds (the launcher that hosts it may not listen yet) unless ``give_up()`` says stop.
 
     :raises StoreGone: no store answered in time.
     """
@@ -128,6 +140,6 @@ def connect(host: str, port: int, *, timeout: float, retry_for: float = 0.0) -> 
             sock = socket.create_connection((host, port), timeout=timeout)
             return StoreClient(sock, f"{host}:{port}", timeout)
         except OSError as err:
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or give_up():
                 raise StoreGone(f"cannot connect to the rendezvous store at {host}:{port}: {err}") from None
             time.sleep(0.1)  # a poll of an external condition (the host launcher binding its port)
