@@ -18,6 +18,11 @@ on one node. For each attempt it
    (and a new port when the port was not fixed), or reports the failures in torchrun's
    format when no restarts are left.
 
+In a multi-node job (``--nnodes`` above 1, one launcher per node) each attempt starts
+with a round of the job's rendezvous (:mod:`.rendezvous`), which gives the ranks and the
+workers' store; the end of a round is shared: a failure on any node, a lost node or a new
+one stops every node's workers, and the job's restart budget decides what follows.
+
 The agent is plain Python driven by one thread (the command line's main thread, so that
 signal handlers can post to it; a background thread in the library form).
 """
