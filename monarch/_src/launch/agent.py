@@ -18,6 +18,11 @@ on one node. For each attempt it
    (and a new port when the port was not fixed), or reports the failures in torchrun's
    format when no restarts are left.
 
+In a multi-node job (``--nnodes`` above 1, one launcher per node) each attempt starts
+with a round of the job's rendezvous (:mod:`.rendezvous`), which gives the ranks and the
+workers' store; the end of a round is shared: a failure on any node, a lost node or a new
+one stops every node's workers, and the job's restart budget decides what follows.
+
 The agent is plain Python driven by one thread (the command line's main thread, so that
 signal handlers can post to it; a background thread in the library form).
 """
@@ -51,7 +56,9 @@ from . import stacks as stacks_module
 from .command import EntryKind, WorkerCommand
 from .config import LaunchConfig, Std
 from .logs import RunDirs, Tailer, TailFile, line_prefix
+from .rendezvous import FAILURE_REASONS, JobRendezvous, RendezvousInterrupted, Round, RoundEnded, RoundWatch
 from .store import StoreServer
+from .store_client import StoreGone
 from .summary import ChildFailedError, ProcessFailure, RankReport
 from .worker import Runner, WorkerSpec
 from .worker_env import default_master_addr, error_file_path, worker_env_vars
@@ -97,6 +104,18 @@ def _peak_rss_kib(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _failure_record(failure: ProcessFailure) -> dict[str, Any]:
+    """A failure as the other nodes' launchers get it (JSON, through the store)."""
+    return {
+        "rank": failure.rank,
+        "local_rank": failure.local_rank,
+        "pid": failure.pid,
+        "exitcode": failure.exitcode,
+        "message": failure.traceback_text(),
+        "timestamp": failure.timestamp,
+    }
 
 
 # -- ownership of the worker meshes ---------------------------------------------------------------
@@ -209,13 +228,21 @@ class FunctionReturned:
     error: BaseException | None
 
 
-Event = SignalReceived | DumpRequested | WorkerExited | FunctionReturned
+Event = SignalReceived | DumpRequested | WorkerExited | FunctionReturned | RoundEnded
 
 
 class _Attempt:
-    def __init__(self, index: int, nproc: int) -> None:
+    def __init__(self, index: int, nproc: int, rnd: Round | None = None) -> None:
         self.index = index
         self.nproc = nproc
+        #: the multi-node rendezvous round this attempt runs in (None: a single-node job).
+        self.round = rnd
+        self.rank_offset = rnd.rank_offset if rnd is not None else 0
+        self.watch: RoundWatch | None = None
+        #: this node's workers all exited 0 and it waits for the other nodes'.
+        self.local_done = False
+        #: the job cannot go on (a launcher was stopped, the store is gone): no restart.
+        self.terminal = False
         self.start = time.monotonic()
         self.procs: Any = None
         self.owner: ProcOwner | None = None
@@ -256,10 +283,10 @@ class Agent:
         launcher_env: Mapping[str, str],
         log: logging.Logger,
     ) -> None:
-        if config.max_nodes > 1:
+        if target.is_call and not config.is_single_node:
             raise ValueError(
-                f"monarch.launch runs single-node jobs; --nnodes={config.min_nodes}:{config.max_nodes} "
-                "is not supported yet (start one launcher per node with --nnodes=1, or use a HostMesh)"
+                f"the library form runs single-node jobs; --nnodes={config.min_nodes}:{config.max_nodes} "
+                "needs one `python -m monarch.launch` per node running a script"
             )
         self.config = config
         self.target = target
@@ -271,6 +298,11 @@ class Agent:
         self.tailer: Tailer | None = None
         self.attempt: _Attempt | None = None
         self.use_agent_store = self.env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"
+        #: the job's rendezvous with the other nodes' launchers (None: a single-node job).
+        self.rdzv: JobRendezvous | None = None
+        if not config.is_single_node:
+            self.rdzv = JobRendezvous(config, log, self._host_worker_store)
+        self._round_store: StoreServer | None = None
 
     # -- events from other threads (and signal handlers) ------------------------------------------
 
@@ -279,6 +311,8 @@ class Agent:
         self._events.put(event)
 
     def signal(self, signum: int) -> None:
+        if self.rdzv is not None:
+            self.rdzv.interrupt(signum)  # the main thread may be waiting for the other nodes
         self.post(SignalReceived(signum))
 
     def dump_stacks(self, reason: str = "SIGUSR1") -> None:
@@ -297,55 +331,90 @@ class Agent:
             )
         self.tailer = Tailer()
         try:
-            attempt_index = 0
-            while True:
-                state = self._run_attempt(attempt_index)
-                a = self.attempt
-                assert a is not None
-                reports = self._reports(a)
-                if state == "succeeded":
-                    values: list[Any]
-                    if self.target.is_call:
-                        values = [a.results[r] for r in range(a.nproc)]
-                    else:
-                        values = list(a.exit_codes)
-                    return Outcome("succeeded", attempt_index + 1, values=values, reports=reports)
-                if state == "signaled":
-                    return Outcome(
-                        "signaled", attempt_index + 1, signum=self._pending_signal, reports=reports
-                    )
-                remaining = config.max_restarts - attempt_index
-                if remaining > 0:
-                    self.log.info(
-                        "[%s] Worker group FAILED. %s/%s attempts left; will restart worker group",
-                        config.role,
-                        remaining,
-                        config.max_restarts,
-                    )
-                    attempt_index += 1
-                    continue
-                error = ChildFailedError(self.target.name, dict(a.failures))
-                root_rank, _ = error.get_first_failure()
-                return Outcome(
-                    "failed",
-                    attempt_index + 1,
-                    error=error,
-                    cause=a.causes.get(root_rank),
-                    reports=reports,
-                )
+            return self._run_attempts()
+        except RendezvousInterrupted as stop:
+            self.log.warning("Received %s death signal while waiting for the other nodes", stop.signum)
+            return Outcome("signaled", 0, signum=stop.signum)
         finally:
+            if self.rdzv is not None:
+                self.rdzv.close()
             if self.tailer is not None:
                 self.tailer.stop()
             output_writer.flush_all(2.0)
             if self.dirs is not None:
                 self.dirs.cleanup()
 
+    def _run_attempts(self) -> Outcome:
+        config = self.config
+        if self.rdzv is not None:
+            self.rdzv.open()
+        attempt_index = 0
+        while True:
+            rnd = self._rendezvous()
+            state = self._run_attempt(attempt_index, rnd)
+            a = self.attempt
+            assert a is not None
+            reports = self._reports(a)
+            if state == "succeeded":
+                values: list[Any]
+                if self.target.is_call:
+                    values = [a.results[r] for r in range(a.nproc)]
+                else:
+                    values = list(a.exit_codes)
+                return Outcome("succeeded", attempt_index + 1, values=values, reports=reports)
+            if state == "signaled":
+                return Outcome("signaled", attempt_index + 1, signum=self._pending_signal, reports=reports)
+            if state == "rejoin":
+                self.log.info("[%s] a new node joined; will restart worker group", config.role)
+                attempt_index += 1
+                continue
+            remaining = config.max_restarts - (rnd.restart_count if rnd is not None else attempt_index)
+            if remaining > 0 and not a.terminal:
+                self.log.info(
+                    "[%s] Worker group FAILED. %s/%s attempts left; will restart worker group",
+                    config.role,
+                    remaining,
+                    config.max_restarts,
+                )
+                attempt_index += 1
+                continue
+            error = ChildFailedError(self.target.name, dict(a.failures))
+            root_rank, _ = error.get_first_failure()
+            return Outcome(
+                "failed",
+                attempt_index + 1,
+                error=error,
+                cause=a.causes.get(root_rank),
+                reports=reports,
+            )
+
+    def _rendezvous(self) -> Round | None:
+        """The next round of a multi-node job (logged like torchrun's result), else None."""
+        if self.rdzv is None:
+            return None
+        self.log.info("[%s] Rendezvous'ing worker group", self.config.role)
+        rnd = self.rdzv.next_round()
+        self.log.info(
+            "[%s] Rendezvous complete for workers. Result: round=%s restart_count=%s master_addr=%s "
+            "master_port=%s group_rank=%s group_world_size=%s global_ranks=%s world_size=%s",
+            self.config.role,
+            rnd.index,
+            rnd.restart_count,
+            rnd.master_addr,
+            rnd.master_port,
+            rnd.group_rank,
+            rnd.group_world_size,
+            list(range(rnd.rank_offset, rnd.rank_offset + self.config.nproc_per_node)),
+            rnd.world_size,
+        )
+        return rnd
+
     # -- one attempt ------------------------------------------------------------------------------
 
-    def _run_attempt(self, index: int) -> str:
+    def _run_attempt(self, index: int, rnd: Round | None) -> str:
         ok = False
         try:
-            a = self._start_attempt(index)
+            a = self._start_attempt(index, rnd)
             state = self._watch(a)
             ok = True
             return state
@@ -353,6 +422,8 @@ class Agent:
             current = self.attempt  # set even when _start_attempt failed part-way
             if current is not None and current.index == index:
                 current.stopping = True
+                if current.watch is not None:
+                    current.watch.stop()
                 if not ok and current.owner is not None:
                     current.owner.kill()  # the launcher itself failed: leave no worker behind
                 if current.store is not None:
@@ -360,24 +431,48 @@ class Agent:
             if self.tailer is not None:
                 self.tailer.reset()
 
-    def _start_attempt(self, index: int) -> _Attempt:
+    def _host_worker_store(self) -> tuple[str, int]:
+        """The workers' store of a c10d round on its group rank 0 (see :class:`JobRendezvous`)."""
+        master_addr = default_master_addr(self.config)
+        if not self.use_agent_store:
+            return master_addr, _free_port(master_addr)
+        self._round_store = StoreServer(master_addr, 0).start()
+        return master_addr, self._round_store.port
+
+    def _start_attempt(self, index: int, rnd: Round | None) -> _Attempt:
         config = self.config
         nproc = config.nproc_per_node
-        a = _Attempt(index, nproc)
+        a = _Attempt(index, nproc, rnd)
         self.attempt = a
         assert self.dirs is not None and self.tailer is not None
         attempt_dir = self.dirs.attempt_dir(index, nproc)
 
         # The rendezvous: a fresh store per attempt (torchrun reuses a stale one).
-        if config.rdzv_backend == "static":
-            master_addr, port = config.master_addr, config.master_port
+        layout: dict[str, Any] = {}
+        if rnd is not None:
+            # The rendezvous started the workers' store (and the static one is emptied).
+            master_addr, master_port = rnd.master_addr, rnd.master_port
+            a.store, self._round_store = self._round_store, None
+            layout = dict(
+                node_rank=rnd.group_rank,
+                restart_count=rnd.restart_count,
+                group_world_size=rnd.group_world_size,
+                rank_offset=rnd.rank_offset,
+                world_size=rnd.world_size,
+                role_rank_offset=rnd.role_rank_offset,
+                role_world_size=rnd.role_world_size,
+            )
         else:
-            master_addr, port = default_master_addr(config), 0
-        if self.use_agent_store:
-            a.store = StoreServer(master_addr, port).start()
-            master_port = a.store.port
-        else:
-            master_port = port or _free_port(master_addr)
+            if config.rdzv_backend == "static":
+                master_addr, port = config.master_addr, config.master_port
+            else:
+                master_addr, port = default_master_addr(config), 0
+            if self.use_agent_store:
+                a.store = StoreServer(master_addr, port).start()
+                master_port = a.store.port
+            else:
+                master_port = port or _free_port(master_addr)
+            layout = dict(restart_count=index)
 
         hang = config.hang_timeout is not None
         scratch = self.dirs.scratch() if (hang or config.summary) else ""
@@ -394,14 +489,14 @@ class Agent:
                     master_addr=master_addr,
                     master_port=master_port,
                     error_file=error_file,
-                    restart_count=index,
                     run_id=config.rdzv_id,
                     use_agent_store=self.use_agent_store,
                     parent_env=self.env,
+                    **layout,
                 )
             )
             envs.append(env)
-            out, err = self._stream_targets(lr, attempt_dir, scratch, index)
+            out, err = self._stream_targets(lr, a.rank_offset + lr, attempt_dir, scratch, index)
             if config.summary:
                 a.stats_files[lr] = os.path.join(scratch, f"attempt_{index}_rank{lr}.rss")
             specs.append(
@@ -445,10 +540,12 @@ class Agent:
                 add_done_callback(fut, functools.partial(self._on_result, index, lr))
             else:
                 one.run.broadcast(spec)
+        if self.rdzv is not None and rnd is not None:
+            a.watch = self.rdzv.watch(rnd, self.post)
         return a
 
     def _stream_targets(
-        self, lr: int, attempt_dir: str, scratch: str, index: int
+        self, lr: int, rank: int, attempt_dir: str, scratch: str, index: int
     ) -> tuple[str | None, str | None]:
         """Where fd 1 and fd 2 of local rank ``lr`` point, and what the tailer watches."""
         config = self.config
@@ -457,7 +554,6 @@ class Agent:
         tee = config.tee.get(lr, Std.NONE) if not self.dirs.disabled else Std.NONE
         visible = config.console_visible(lr)
         hang = config.hang_timeout is not None
-        rank = lr  # single node: global rank == local rank
         prefix = line_prefix(config.log_line_prefix_template, config.role, rank, lr)
         targets: list[str | None] = []
         for bit, name, console, needles in (
@@ -499,19 +595,32 @@ class Agent:
             if event is None:
                 continue
             if isinstance(event, SignalReceived):
+                self._end_round(a, {"reason": "stopped", "signum": event.signum})
                 return self._shutdown_on_signal(a, event.signum)
             if isinstance(event, DumpRequested):
                 self._dump(a, event.reason)
+                continue
+            if isinstance(event, RoundEnded):
+                if a.round is not None and event.index == a.round.index:
+                    return self._on_round_ended(a, event)
                 continue
             if isinstance(event, WorkerExited) and event.attempt == a.index:
                 rank, code = event.rank, event.code
                 if not self._record_exit(a, rank, code):
                     continue
                 if code != 0 or self.target.is_call:
-                    self._add_failure(a, rank, code)
+                    failure = self._add_failure(a, rank, code)
+                    self._end_round(a, {"reason": "failed", "failures": [_failure_record(failure)]})
                     return self._shutdown_on_failure(a)
                 if all(c is not None for c in a.exit_codes):
-                    return "succeeded"
+                    if self.rdzv is None or a.round is None:
+                        return "succeeded"
+                    a.local_done = True  # the job succeeds when every node's workers did
+                    try:
+                        self.rdzv.report_success(a.round)
+                    except StoreGone:
+                        pass  # the round's watch reports the lost store
+
             elif isinstance(event, FunctionReturned) and event.attempt == a.index:
                 if event.error is None:
                     a.results[event.rank] = event.value
@@ -578,9 +687,12 @@ class Agent:
             self.tailer.finish_rank(rank)
         return True
 
-    def _add_failure(self, a: _Attempt, rank: int, code: int, cause: BaseException | None = None) -> None:
+    def _add_failure(
+        self, a: _Attempt, local_rank: int, code: int, cause: BaseException | None = None
+    ) -> ProcessFailure:
+        rank = a.rank_offset + local_rank
         if rank in a.failures:
-            return
+            return a.failures[rank]
         message = None
         if cause is not None:
             a.causes[rank] = getattr(cause, "exception", None) or cause
@@ -588,14 +700,76 @@ class Agent:
             message = message.rstrip("\n").replace("\n", "\n  ")
         elif self.target.is_call and code == 0:
             message = "the worker exited before the function returned"
-        a.failures[rank] = ProcessFailure(
-            local_rank=rank,
+        a.failures[rank] = failure = ProcessFailure(
+            local_rank=local_rank,
             rank=rank,
-            pid=a.pids[rank],
+            pid=a.pids[local_rank],
             exitcode=code,
-            error_file=a.error_files[rank],
+            error_file=a.error_files[local_rank],
             message=message,
+            node=a.round.group_rank if a.round is not None else None,
         )
+        return failure
+
+    # -- the other nodes (multi-node jobs) ----------------------------------------------------------
+
+    def _end_round(self, a: _Attempt, record: dict[str, Any]) -> None:
+        """Tell every node how this round ended (the first to say so wins), naming this node."""
+        if self.rdzv is None or a.round is None:
+            return
+        record = {**record, "node": a.round.group_rank, "host": socket.getfqdn(), "pid": os.getpid()}
+        try:
+            self.rdzv.end_round(a.round.index, record)
+        except StoreGone as err:
+            self.log.error("could not tell the other nodes: %s", err)
+
+    def _on_round_ended(self, a: _Attempt, event: RoundEnded) -> str:
+        """Another node ended the round: stop this node's workers and say why."""
+        assert a.round is not None
+        record, reason = event.record, event.reason
+        if reason == "succeeded":
+            return "succeeded"
+        if reason == "joined":
+            self._stop_workers(a, signal.SIGTERM, self.config.kill_grace_period)
+            return "rejoin"
+        node = record.get("node")
+        host = str(record.get("host", ""))
+        if reason == "failed":
+            for f in record.get("failures", []):
+                a.failures[f["rank"]] = ProcessFailure(
+                    local_rank=f["local_rank"],
+                    rank=f["rank"],
+                    pid=f["pid"],
+                    exitcode=f["exitcode"],
+                    message=f["message"],
+                    detected=f["timestamp"],
+                    host=host,
+                    node=node,
+                )
+        else:
+            a.terminal = reason not in FAILURE_REASONS
+            if reason == "node_lost":
+                message = (
+                    f"the launcher of node {node} (pid {record.get('pid')}) sent no heartbeat for "
+                    f"{record.get('seconds')} s: it was killed or its host is gone"
+                )
+            elif reason == "stopped":
+                message = f"the launcher of node {node} was stopped by signal {record.get('signum')}"
+            else:
+                message = str(record.get("detail", reason))
+            first_rank = sum(n.nproc for n in a.round.nodes[:node]) if isinstance(node, int) else -1
+            a.failures[first_rank] = ProcessFailure(
+                local_rank=0 if isinstance(node, int) else -1,
+                rank=first_rank,
+                pid=int(record.get("pid", 0)),
+                exitcode=1,
+                message=message,
+                host=host or f"{self.rdzv.store_host if self.rdzv else ''}",
+                node=node,
+            )
+        self.log.error("node %s (%s) ended the job's round %s: %s", node, host, a.round.index, reason)
+        self._stop_workers(a, signal.SIGTERM, self.config.kill_grace_period)
+        return "failed"
 
     def _dump(self, a: _Attempt, reason: str) -> None:
         if a.runner is None:
@@ -661,7 +835,7 @@ class Agent:
         self._stop_workers(a, signal.SIGTERM, self.config.kill_grace_period)
         # Workers stopped by the teardown are failures too, in local-rank order (torchrun's).
         for lr, code in enumerate(a.exit_codes):
-            if code is not None and code != 0 and lr not in a.failures:
+            if code is not None and code != 0 and a.rank_offset + lr not in a.failures:
                 self._add_failure(a, lr, code)
         root = min(a.failures.values(), key=lambda f: f.timestamp)
         command = self.target.command
@@ -711,5 +885,5 @@ class Agent:
                     pass
             end = a.exit_times[lr]
             wall = (end if end is not None else time.monotonic()) - a.start
-            out.append(RankReport(lr, lr, a.pids[lr], a.exit_codes[lr], wall, peak))
+            out.append(RankReport(a.rank_offset + lr, lr, a.pids[lr], a.exit_codes[lr], wall, peak))
         return out

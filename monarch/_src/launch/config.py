@@ -192,7 +192,8 @@ class LaunchConfig:
 
     # -- supervision -------------------------------------------------------------
     max_restarts: int
-    """Worker-group restarts allowed after failures (per node, like torchrun)."""
+    """Worker-group restarts allowed after failures; in a multi-node job, for the whole
+    job (torchrun counts them per node)."""
     monitor_interval: float
     """Seconds between polls of worker state."""
     start_method: str

@@ -495,6 +495,28 @@ class StoreServer:
             pass  # already closed
         thread.join(5.0)
 
+    def clear(self, keep_prefix: str, timeout: float = 10.0) -> None:
+        """Delete every key and queue not under ``keep_prefix`` (thread-safe).
+
+        The static backend serves the rendezvous and the workers from one store at
+        ``--master-port``; clearing the workers' keys before a new round gives a restarted
+        group an empty store, as a fresh server does for c10d.
+        """
+        loop = self._loop
+        if loop is None:
+            return
+        done = threading.Event()
+
+        def clear() -> None:
+            for key in [k for k in self.data if not k.startswith(keep_prefix)]:
+                del self.data[key]
+            self._queues.clear()
+            done.set()
+
+        loop.call_soon_threadsafe(clear)
+        if not done.wait(timeout):
+            raise RuntimeError("the rendezvous store did not clear its keys in time")
+
     def __enter__(self) -> StoreServer:
         return self.start()
 

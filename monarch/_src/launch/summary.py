@@ -54,6 +54,8 @@ class ProcessFailure:
     :param message: overrides the traceback line (library mode: the remote traceback).
     :param detected: when the launcher saw it (epoch seconds), used when the error file
         has no timestamp.
+    :param host: the node it ran on; empty means this one (``socket.getfqdn()``).
+    :param node: its node's group rank in a multi-node job, else ``None``.
     """
 
     local_rank: int
@@ -65,6 +67,8 @@ class ProcessFailure:
     detected: float = field(default_factory=time.time)
     timestamp: int = 0
     error_data: dict[str, Any] | None = None
+    host: str = ""
+    node: int | None = None
 
     def __post_init__(self) -> None:
         self.timestamp = int(self.detected)
@@ -161,10 +165,11 @@ class ChildFailedError(Exception):
 def _format_failure(idx: int, rank: int, failure: ProcessFailure) -> str:
     sig = failure.signal_name()
     sig_text = f" ({sig})" if sig != NOT_AVAILABLE else ""
+    node = f" (node_rank: {failure.node})" if failure.node is not None else ""
     return (
         f"[{idx}]:\n"
         f"  time      : {failure.timestamp_isoformat()}\n"
-        f"  host      : {socket.getfqdn()}\n"
+        f"  host      : {failure.host or socket.getfqdn()}{node}\n"
         f"  rank      : {rank} (local_rank: {failure.local_rank})\n"
         f"  exitcode  : {failure.exitcode} (pid: {failure.pid}) {sig_text}\n"
         f"  error_file: {failure.error_file}\n"
