@@ -118,7 +118,9 @@ class SlurmJob:
         return " ".join(words)
 
 
-def _command(name: str, env: Mapping[str, str] | None) -> str:
+def command_path(name: str, env: Mapping[str, str] | None = None) -> str:
+    """Where SLURM command ``name`` is (on ``env``'s PATH); a SlurmError saying what to
+    install where it is missing."""
     path = shutil.which(name, path=(os.environ if env is None else env).get("PATH"))
     if path is None:
         raise SlurmError(
@@ -136,7 +138,7 @@ def _run(
     """Run SLURM command ``argv``; a missing command or a hang becomes a SlurmError."""
     try:
         return subprocess.run(
-            [_command(argv[0], env), *argv[1:]],
+            [command_path(argv[0], env), *argv[1:]],
             capture_output=True,
             text=True,
             timeout=COMMAND_TIMEOUT_S,
