@@ -15,7 +15,7 @@ import pytest
 import slurm_cluster
 from helpers import IMPORT_TEST_MODULES, REPO, wait_until
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]  # a client, two agents and their procs
 
 CLIENT = (
     IMPORT_TEST_MODULES

@@ -60,7 +60,8 @@ class SlurmAgents:
             f"--ntasks={count}",
             "--ntasks-per-node=1",
         ]
-        command += ["--kill-on-bad-exit=1", "--job-name=monarch-hosts", "--unbuffered"]
+        # srun passes each task's output on in whole lines (--unbuffered would mix them)
+        command += ["--kill-on-bad-exit=1", "--job-name=monarch-hosts"]
         command += [sys.executable, "-m", __name__]
         self.stderr_tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self.srun = subprocess.Popen(
@@ -76,7 +77,8 @@ class SlurmAgents:
         threading.Thread(
             target=self._read_stdout, args=(lines,), name="monarch-srun-out", daemon=True
         ).start()
-        threading.Thread(target=self._relay_stderr, name="monarch-srun-err", daemon=True).start()
+        self._stderr_relay = threading.Thread(target=self._relay_stderr, name="monarch-srun-err", daemon=True)
+        self._stderr_relay.start()
         try:
             self.addresses = self._collect(lines, count)
         except BaseException:
@@ -107,6 +109,7 @@ class SlurmAgents:
                 raise self._failure(waited) from None
             if line is None:
                 code = self.srun.wait()
+                self._stderr_relay.join(STEP_EXIT_S)  # srun's last words, to quote them
                 raise self._failure(
                     f"srun exited with code {code} before {count - len(found)} of them started"
                 )
