@@ -24,21 +24,22 @@ Why a few settings are what they are (see the SLURM test-cluster spec): ``nsente
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import netns
 import psutil
-from helpers import running, wait_gone
+from helpers import REPO, running, wait_gone
 
 #: The commands a cluster needs, and the Debian package of each (scripts/setup.sh installs them).
 PROGRAMS = {
@@ -58,6 +59,14 @@ DIR_PREFIX = "monarch-slurm-"
 _DIR_NAME = re.compile(re.escape(DIR_PREFIX) + r"(?P<pid>\d+)-\w+")
 CONTROLLER_NAME = "ctl"
 CONF_NAME = "slurm.conf"
+
+
+def read_result(client: subprocess.Popen[str]) -> Any:
+    """The JSON a client printed on a line ``RESULT <json>``; its stderr where it printed none."""
+    assert client.stdout is not None
+    line = client.stdout.readline()
+    assert line.startswith("RESULT "), client.communicate(timeout=30)[1]
+    return json.loads(line[len("RESULT ") :])
 
 
 class SlurmClusterError(RuntimeError):
@@ -129,17 +138,12 @@ class SlurmCluster:
     def __enter__(self) -> SlurmCluster:
         try:
             self._start()
-        except BaseException:
+        except BaseException:  # a half-started cluster goes too
             self.close()
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # ---- the cluster's parts
@@ -302,9 +306,29 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         done = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True, timeout=30)
         return [int(p) for p in done.stdout.split()]
 
+    def node_pids(self) -> dict[str, list[int]]:
+        """Each node's processes now, by node name."""
+        return {name: self.pids(name) for name in self.node_names}
+
     def all_pids(self) -> list[int]:
         """Every process of the cluster: its daemons, job steps and tasks."""
         return [p for name in (CONTROLLER_NAME, *self.node_names) for p in self.pids(name)]
+
+    def allocation_client(self, code: str, **env: str) -> subprocess.Popen[str]:
+        """Python ``code`` run by ``salloc`` in an allocation of every node: a monarch client
+        in the root namespace, listening on TCP at the bridge address, where the nodes reach
+        it; ``env`` added to its environment, text pipes for stdin, stdout and stderr. The
+        caller ends it (``close`` would kill it too)."""
+        tcp = {"MONARCH_TRANSPORT": "tcp", "MONARCH_TCP_BIND_HOST": self.hosts.bridge_address}
+        return subprocess.Popen(
+            ["salloc", f"--nodes={len(self.node_names)}", sys.executable, "-c", code],
+            env={**self.env, **tcp, **env},
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def logs(self) -> str:
         """The daemons' logs, for an error message."""

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_scancel_ends_a_step_on_both_nodes(slurm2: slurm_cluster.SlurmCluster, tmp_path: Path) -> None:
-    slurmds = {name: slurm2.pids(name) for name in slurm2.node_names}
+    slurmds = slurm2.node_pids()
     # Each task writes its pid to a file of the shared filesystem, then waits (for ever).
     task = f"echo $$ > {tmp_path}/$(hostname).pid && exec sleep 600"
     srun = subprocess.Popen(
@@ -39,7 +39,7 @@ def test_scancel_ends_a_step_on_both_nodes(slurm2: slurm_cluster.SlurmCluster, t
         assert running(tasks) == []
         # Only slurmd stays in each node: the step's slurmstepd and its tasks are gone.
         wait_until(
-            lambda: {name: slurm2.pids(name) for name in slurm2.node_names} == slurmds,
+            lambda: slurm2.node_pids() == slurmds,
             15,
             "the step to leave both nodes",
         )

@@ -6,14 +6,10 @@ down, nothing of it is left on either node."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import psutil
 import pytest
 import slurm_cluster
-from helpers import IMPORT_TEST_MODULES, REPO, wait_until
+from helpers import IMPORT_TEST_MODULES, wait_until
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]  # a client, two agents and their procs
 
@@ -50,27 +46,10 @@ print("DONE", flush=True)
 
 
 def test_one_agent_per_node_in_node_list_order(slurm2: slurm_cluster.SlurmCluster) -> None:
-    idle = {name: slurm2.pids(name) for name in slurm2.node_names}
-    env = dict(
-        slurm2.env,
-        MONARCH_TEST_HOSTS="slurm",
-        MONARCH_TRANSPORT="tcp",
-        MONARCH_TCP_BIND_HOST=slurm2.hosts.bridge_address,
-    )
-    client = subprocess.Popen(
-        ["salloc", "--nodes=2", sys.executable, "-c", CLIENT],
-        env=env,
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    idle = slurm2.node_pids()
+    client = slurm2.allocation_client(CLIENT, MONARCH_TEST_HOSTS="slurm")
     try:
-        assert client.stdout is not None and client.stdin is not None
-        line = client.stdout.readline()
-        assert line.startswith("RESULT "), client.communicate(timeout=30)[1]
-        result = json.loads(line[len("RESULT ") :])
+        result = slurm_cluster.read_result(client)
 
         assert result["extent"] == {"hosts": 2, "gpus": 1}
         places = sorted(result["places"])
@@ -78,18 +57,19 @@ def test_one_agent_per_node_in_node_list_order(slurm2: slurm_cluster.SlurmCluste
         assert [(host, hostname) for host, hostname, _ in places] == [(0, "n1"), (1, "n2")]
         for _, name, address in places:
             assert address.startswith(f"tcp:{slurm2.node_host(name).address}:"), places
-        agents = [psutil.Process(pid) for name in slurm2.node_names for pid in slurm2.pids(name)]
+        agents = [psutil.Process(pid) for pids in slurm2.node_pids().values() for pid in pids]
         commands = [p.cmdline() for p in agents if "monarch._src.host.slurm_hosts" in p.cmdline()]
         assert len(commands) == 2
         assert all(cmd[1:] == ["-m", "monarch._src.host.slurm_hosts"] for cmd in commands), commands
 
+        assert client.stdin is not None
         client.stdin.write("\n")
         client.stdin.flush()
         out, err = client.communicate(timeout=60)
         assert client.returncode == 0 and "DONE" in out, err
         # The agents exited with their client's mesh, the step ended: only slurmd is left.
         wait_until(
-            lambda: {name: slurm2.pids(name) for name in slurm2.node_names} == idle,
+            lambda: slurm2.node_pids() == idle,
             15,
             "the nodes to be idle",
         )

@@ -4,15 +4,12 @@ client hears of within seconds, and nothing of the mesh survives on either node.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 import slurm_cluster
-from helpers import IMPORT_TEST_MODULES, REPO, wait_until
+from helpers import IMPORT_TEST_MODULES, wait_until
 
 from monarch.actor import hosts_from_config
 
@@ -54,26 +51,10 @@ def test_agents_that_cannot_start_say_why(
 def test_cancelling_the_agents_step_fails_the_mesh_and_leaves_nothing(
     slurm2: slurm_cluster.SlurmCluster,
 ) -> None:
-    idle = {name: slurm2.pids(name) for name in slurm2.node_names}
-    env = dict(
-        slurm2.env,
-        MONARCH_TEST_HOSTS="slurm",
-        MONARCH_TRANSPORT="tcp",
-        MONARCH_TCP_BIND_HOST=slurm2.hosts.bridge_address,
-    )
-    client = subprocess.Popen(
-        ["salloc", "--nodes=2", sys.executable, "-c", CLIENT],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    idle = slurm2.node_pids()
+    client = slurm2.allocation_client(CLIENT, MONARCH_TEST_HOSTS="slurm")
     try:
-        assert client.stdout is not None
-        line = client.stdout.readline()
-        assert line.startswith("RESULT "), client.communicate(timeout=30)[1]
-        procs = json.loads(line[len("RESULT ") :])
+        procs = slurm_cluster.read_result(client)
         steps = slurm2.run(["squeue", "--steps", "--noheader", "--format=%i %j"]).stdout.split("\n")
         step = next(s.split()[0] for s in steps if s.endswith(" monarch-hosts"))
 
@@ -87,7 +68,7 @@ def test_cancelling_the_agents_step_fails_the_mesh_and_leaves_nothing(
         assert "and all its descendants have failed" in err, err
         assert detected < 10, detected
         wait_until(
-            lambda: {name: slurm2.pids(name) for name in slurm2.node_names} == idle,
+            lambda: slurm2.node_pids() == idle,
             15,
             "the nodes to be idle",
         )
