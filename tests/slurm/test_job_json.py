@@ -60,7 +60,7 @@ CASES = [
             "nodes": "gpu[01-02]",
             "exit_code": _verbose_exit("PENDING", None, None),
             "state_reason": "None",
-            "standard_output": "/home/u/slurm-5.out",
+            "standard_output": "/scratch/slurm-5.out",
         },
         ("5", "RUNNING", ("CONFIGURING",), "gpu[01-02]", None, None),
     ),
