@@ -12,9 +12,23 @@ python3 -m venv .venv
 if [ "${MONARCH_SKIP_TORCH:-0}" != "1" ]; then
   .venv/bin/pip install -q "torch==2.13.0"
 fi
-# The many-hosts tests build clusters of network namespaces with `ip` (tests/netns.py); a fresh
-# Debian machine may lack iproute2. Installed only when missing, and only as root.
-if ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2
+# Debian packages some tests need, installed only when missing, and only as root (CI runs as
+# root; elsewhere those tests skip and say why): iproute2 (`ip`) for the many-hosts tests'
+# clusters of network namespaces (tests/netns.py), and SLURM's daemons, its clients and munge
+# for the throw-away SLURM cluster of tests/slurm/ (tests/slurm_cluster.py).
+packages=()
+has() { PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null; }
+has ip || packages+=(iproute2)
+has slurmctld || packages+=(slurmctld)
+has slurmd || packages+=(slurmd)
+has sbatch || packages+=(slurm-client)
+has munged || packages+=(munge)
+if [ ${#packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  # Quiet unless it fails: then everything apt said goes to stderr.
+  if ! log=$( { apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}"; } 2>&1); then
+    printf '%s\n' "$log" >&2
+    echo "setup.sh: installing ${packages[*]} with apt-get failed (see above)" >&2
+    exit 1
+  fi
 fi

@@ -16,7 +16,7 @@ from monarch.job import LocalJob, ProcessJob
 
 pytestmark = pytest.mark.timeout(60)
 
-FORMS = ("local:N", "ADDRESS[,ADDRESS...]", "/path/to/file")
+FORMS = ("local:N", "ADDRESS[,ADDRESS...]", "/path/to/file", "slurm")
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,8 @@ FORMS = ("local:N", "ADDRESS[,ADDRESS...]", "/path/to/file")
         ("local:two", "local:N takes a positive number of hosts"),
         ("somehost:1234", "'somehost:1234' is not a host agent address, nor a file"),
         ("unix:/a.sock,elsewhere", "'elsewhere' is not a host agent address"),
-        ("slurm:", "the slurm scheduler is not supported yet"),
+        ("slurm:nodes=3", "slurm takes no options"),
+        ("slurm", "not inside a SLURM allocation: SLURM_JOB_ID and SLURM_JOB_NODELIST are not set"),
     ],
 )
 def test_unset_or_malformed_shows_the_accepted_forms(

@@ -1,8 +1,8 @@
 """``hosts_from_config(name)``: the hosts of a job, from the configuration named ``name``.
 
 The environment variable ``name`` holds one of the forms in ``FORMS``. Each form is
-``<scheme>:<rest>`` or a list of agent addresses, so a scheduler (``slurm:...``) is one more
-scheme, parsed here and served by a module of its own.
+``<scheme>:<rest>`` or a list of agent addresses, so a scheduler (``slurm``) is one more
+scheme, parsed here and served by a module of its own (``slurm_hosts.py``).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ FORMS = """the accepted forms are:
                             (Monarch's ipc:///path and tcp://host:port are accepted too)
   /path/to/file             a file holding either form (addresses one per line or comma-separated;
                             lines starting with # are comments)
+  slurm                     inside a SLURM allocation (sbatch, salloc): one host agent per node,
+                            started with srun, in the order of SLURM_JOB_NODELIST
 Agents at given addresses are reached with the shared secret in MONARCH_HOST_SECRET or
 MONARCH_HOST_SECRET_FILE."""
 
 _ADDRESS_SCHEMES = ("unix:", "tcp:", "ipc://", "tcp://")
-#: Schemes that will name schedulers (each is an issue of its own).
-_SCHEDULERS = ("slurm",)
 #: Seconds local agents get to exit after their client detached, before they are killed.
 LOCAL_AGENT_EXIT_S = 5.0
 
@@ -53,8 +53,16 @@ def _hosts_from(name: str, value: str, allow_file: bool) -> HostMesh:
         if not rest.isdigit() or int(rest) < 1:
             raise _error(name, f"{value!r}: local:N takes a positive number of hosts")
         return local_hosts(int(rest))
-    if colon and scheme in _SCHEDULERS:
-        raise _error(name, f"{value!r}: the {scheme} scheduler is not supported yet")
+    if scheme == "slurm":
+        if rest:
+            raise _error(name, f"{value!r}: slurm takes no options; the allocation says which nodes")
+        from monarch._src.host.slurm import SlurmError
+        from monarch._src.host.slurm_hosts import slurm_hosts
+
+        try:
+            return slurm_hosts(name)
+        except SlurmError as e:
+            raise _error(name, str(e)) from None
     if allow_file and not value.startswith(_ADDRESS_SCHEMES) and os.path.isfile(value):
         with open(value) as f:
             lines = [line.split("#", 1)[0].strip() for line in f]
