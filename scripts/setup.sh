@@ -24,11 +24,11 @@ has slurmd || packages+=(slurmd)
 has sbatch || packages+=(slurm-client)
 has munged || packages+=(munge)
 if [ ${#packages[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  # Quiet unless it fails: then everything apt said goes to stderr.
+  # Quiet unless it fails: then everything apt said goes to stderr, and setup goes on.
   if ! log=$( { apt-get update -qq &&
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}"; } 2>&1); then
+    # The tests that need them skip and say why; everything else still runs.
     printf '%s\n' "$log" >&2
-    echo "setup.sh: installing ${packages[*]} with apt-get failed (see above)" >&2
-    exit 1
+    echo "setup.sh: warning: installing ${packages[*]} with apt-get failed (see above)" >&2
   fi
 fi

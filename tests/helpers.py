@@ -3,6 +3,7 @@ for its conftest)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -118,7 +119,8 @@ def end_client(proc: subprocess.Popen[str], pids: list[int]) -> None:
         proc.kill()
         proc.wait(10)
     for pid in running(pids):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may exit between the check and the kill
+            os.kill(pid, signal.SIGKILL)
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:
             stream.close()
