@@ -12,9 +12,10 @@ This module is what runs in it:
 * ``HostActor.start_group`` starts procs with the same ``ProcGroup`` as on the client's own host
   (``preload``, ``env``, ``bootstrap`` gating), reads their output and sends it to the
   requester (``log_capture``), and reports each exit to the requester's port;
-* when a requester is lost (its process died), the procs it spawned here are killed; when the
-  agent ends the session (the client went away), this process is killed and its procs notice
-  their parent's death (``runtime/parent_death``) and exit.
+* when a requester is lost (its process died, or its heartbeats stopped: ``host/heartbeat``),
+  the procs it spawned here are killed; when the agent ends the session (the client went away),
+  this process is killed and its procs notice their parent's death (``runtime/parent_death``)
+  and exit. A client whose heartbeats stopped has declared this host lost: the session exits.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from monarch._src.actor import dispatch
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.port import Port
+from monarch._src.actor.proc_mesh import root_address
 from monarch._src.actor.process_state import runtime
+from monarch._src.host.heartbeat import Watchdog
 from monarch._src.wire import payload, protocol
 
 logger = logging.getLogger("monarch.host")
@@ -53,7 +56,13 @@ class HostActor(Actor):
         #: requester address -> ids of the groups it spawned here.
         self._by_requester: dict[str, set[int]] = {}
         self._next_id = 0
+        self._watchdog = Watchdog(self._requester_silent)
         runtime().on_peer_lost(self._requester_lost)
+
+    @endpoint
+    def heartbeat(self, requester: str, timeout_s: float) -> None:
+        """Answer a requester's ping; it is taken for lost if it stops for ``timeout_s``."""
+        self._watchdog.beat(requester, timeout_s)
 
     @endpoint
     def start_group(
@@ -103,7 +112,15 @@ class HostActor(Actor):
         if group is not None:
             group.kill()
 
+    def _requester_silent(self, address: str, why: str) -> None:
+        """It has declared this host lost by now (the same bound): end what it owns here."""
+        self._requester_lost(address, TimeoutError(why))
+        if address == root_address():
+            logger.warning("exiting: the client stopped sending heartbeats (%s)", why)
+            os._exit(1)  # the procs it spawned here follow (parent-death watch)
+
     def _requester_lost(self, address: str, reason: BaseException) -> None:
+        self._watchdog.forget(address)
         for group_id in self._by_requester.pop(address, set()):
             group = self._groups.get(group_id)
             if group is not None:

@@ -67,6 +67,15 @@ class RuntimeConfig:
         default_factory=lambda: float(_int_env("MONARCH_HOST_ATTACH_TIMEOUT_S", 10)),
         metadata={"monarch": "mesh_attach_config_timeout"},
     )
+    #: Seconds a host reached through an agent may go without answering a heartbeat before it
+    #: is declared lost (agent or session killed, network cut, machine frozen): every proc there
+    #: fails at once, naming the host and this bound. Each process that attached to hosts or
+    #: spawned procs on them pings each such host (not each proc) five times per bound; a host's
+    #: session that hears nothing from the client for as long kills that client's procs there
+    #: and exits. Read in the process that attaches or spawns; 0 turns heartbeats off.
+    host_heartbeat_timeout_s: float = field(
+        default_factory=lambda: float(_int_env("MONARCH_HOST_HEARTBEAT_TIMEOUT_S", 5))
+    )
     #: How long shutdown waits for a worker to exit by itself before killing it.
     stop_timeout_s: float = 5.0
     #: What the listeners of this process's runtime and of the procs it spawns are: "unix"
