@@ -41,7 +41,7 @@ from monarch._src.host import log_capture
 from monarch._src.host.heartbeat import Pulse
 from monarch._src.host.session import HOST_ACTOR_KEY, HostActor
 from monarch._src.mesh.shape import Shape
-from monarch._src.runtime.config import CONFIG
+from monarch._src.runtime.config import CONFIG, OVERRIDES_ENV, overrides_for_another_host
 from monarch._src.transport import auth
 from monarch._src.wire import protocol
 from monarch._src.wire.frame import encode_frame
@@ -289,6 +289,9 @@ class RemoteProcGroup:
             if session in _lost:
                 raise RuntimeError(f"cannot spawn procs on the host of agent {host.agent}: {_lost[session]}")
             keep_alive(host.agent, session)
+        overrides = overrides_for_another_host()
+        if overrides is not None:  # what configure() set here, for procs there (given env wins)
+            envs_by_host = [[{OVERRIDES_ENV: overrides, **env} for env in envs] for envs in envs_by_host]
         calls = []
         first = 0
         for session, envs in zip(sessions, envs_by_host):
@@ -424,16 +427,20 @@ def host_lost(session: str, why: str, expected: bool = False) -> None:
 
 def _peer_lost(address: str, reason: BaseException) -> None:
     if address in _by_session or address in _sessions_seen:
-        host_lost(address, f"its session at {address} is gone ({reason})")
+        agent = _agent_of.get(address, "?")
+        host_lost(address, f"its session at {address} (host agent {agent}) is gone ({reason})")
 
 
 #: session address -> this process's heartbeat to it.
 _pulses: dict[str, Pulse] = {}
+#: session address -> the address of its host's agent (to name the host in reports).
+_agent_of: dict[str, str] = {}
 
 
 def keep_alive(agent: str, session: str, on_lost: Callable[[str], None] | None = None) -> None:
     """Heartbeat ``session`` (once per process; not with ``host_heartbeat_timeout_s`` 0): if it
     stops answering, ``on_lost(why)``, by default ``host_lost``."""
+    _agent_of[session] = agent
     if not CONFIG.host_heartbeat_timeout_s:
         return
     with _lock:

@@ -33,6 +33,7 @@ from monarch._src.actor.port import Port
 from monarch._src.actor.proc_mesh import root_address
 from monarch._src.actor.process_state import runtime
 from monarch._src.host.heartbeat import Watchdog
+from monarch._src.runtime.config import OVERRIDES_ENV, with_this_machine
 from monarch._src.wire import payload, protocol
 
 logger = logging.getLogger("monarch.host")
@@ -78,6 +79,9 @@ class HostActor(Actor):
         exit ``(rank, how, code)`` to ``exits``. Returns (group id, addresses, pids)."""
         address = runtime().address
         envs = [{**env, SESSION_ENV: address} for env in envs]
+        for env in envs:  # the client's settings, this machine's ways to listen
+            if OVERRIDES_ENV in env:
+                env[OVERRIDES_ENV] = with_this_machine(env[OVERRIDES_ENV])
         group = self._group_class(name, envs, gated=gated, preload=list(preload), output_to=requester)
         group_id = self._next_id
         self._next_id += 1

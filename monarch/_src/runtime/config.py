@@ -270,6 +270,34 @@ def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
             _apply(previous)
 
 
+#: Settings that describe one machine: how its processes listen (an interface of that machine),
+#: and its TLS files (paths on that machine). Procs a client spawns on another host keep that
+#: host's own, whatever the client configured; its other overrides reach them.
+PER_MACHINE = ("transport", "tcp_bind_host", "tls_cert", "tls_key", "tls_ca")
+
+
+def overrides_for_another_host() -> str | None:
+    """What ``configure`` set in this process, less ``PER_MACHINE``, as ``OVERRIDES_ENV`` holds
+    it: for procs spawned on another host (None: nothing to pass)."""
+    import json
+
+    with _lock:
+        portable = {k: v for k, v in _overrides.items() if k not in PER_MACHINE}
+    return json.dumps(portable, sort_keys=True) if portable else None
+
+
+def with_this_machine(overrides: str) -> str:
+    """A client's ``overrides_for_another_host``, plus this process's own ``PER_MACHINE``
+    overrides (a TLS agent's certificate files): what procs spawned here for it get."""
+    import json
+
+    with _lock:
+        local = {k: v for k, v in _overrides.items() if k in PER_MACHINE}
+    if not local:
+        return overrides
+    return json.dumps({**json.loads(overrides), **local}, sort_keys=True)
+
+
 def _inherit_overrides() -> None:
     raw = os.environ.get(OVERRIDES_ENV)
     if not raw:
