@@ -216,3 +216,22 @@ def test_a_cut_link_is_a_lost_host_within_the_bound_and_its_procs_exit(
         assert agents[2][1].poll() is None
     finally:
         subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "up"], check=True, timeout=30)
+
+
+def test_a_host_busy_spawning_still_answers_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its session waits longer than the bound for a template importing a slow preload: the
+    heartbeat is answered beside that, and the host is not taken for lost."""
+    from actors import Pid
+
+    from monarch.actor import hosts_from_config
+    from monarch.config import configured
+
+    monkeypatch.setenv("SLOW_IMPORT_S", "2.5")
+    monkeypatch.setenv("MONARCH_TEST_HOSTS", "local:1")
+    with configured(host_heartbeat_timeout_s=1):
+        hosts = hosts_from_config("MONARCH_TEST_HOSTS")
+        try:
+            procs = hosts.spawn_procs(per_host={"gpus": 1}, preload=["slow_import"])
+            assert procs.spawn("pid", Pid).pid.call_one().get(timeout=30) > 0
+        finally:
+            hosts.shutdown().get(timeout=30)

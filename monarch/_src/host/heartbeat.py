@@ -9,9 +9,9 @@ host's session (``Pulse``): one small message per host, not per proc, five times
 declared lost by the pinging process (``remote.host_lost``: its procs fail at once, naming the
 host and the bound).
 
-The session keeps the other end (``Watchdog``): a requester it stops hearing from for its bound
-is taken for lost as if its process had died (the procs it spawned there are killed), and when
-that requester is the client itself the session exits, so nothing of a client that declared the
+The session keeps the other end (``HeartbeatActor``): a requester it stops hearing from for its
+bound is taken for lost as if its process had died (the procs it spawned there are killed), and
+when that requester is the client itself the session exits, so nothing of a client that declared the
 host lost survives there: not after a cut link comes back, nor after a frozen machine resumes
 (the client has also closed its agent connection, which the agent reads on resuming and ends
 the session; the procs follow their session's death).
@@ -20,10 +20,15 @@ the session; the procs follow their session's death).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
+from typing import Any
 
+from monarch._src.actor.actor import Actor
+from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.port import Port, PortHandler
+from monarch._src.actor.proc_mesh import root_address
 from monarch._src.actor.process_state import runtime
 from monarch._src.runtime.config import CONFIG
 
@@ -31,6 +36,8 @@ logger = logging.getLogger("monarch.host")
 
 #: Pings sent per bound: a host is declared lost after missing this many in a row.
 PINGS_PER_TIMEOUT = 5
+#: The actor key of every session's ``HeartbeatActor``.
+HEARTBEAT_KEY = "__monarch_heartbeat__"
 #: Names the setting in the loss report, so that whoever reads it knows what to change.
 SETTING = "host_heartbeat_timeout_s, MONARCH_HOST_HEARTBEAT_TIMEOUT_S"
 
@@ -87,36 +94,33 @@ class Pulse(PortHandler):
         rt.loop.call_later(min(interval, self.timeout_s - silent), self._tick)
 
 
-class Watchdog:
-    """A session's record of the requesters that ping it: ``on_silent(requester, why)`` (on the
-    loop) for one not heard from within the bound it announced with its pings."""
+class HeartbeatActor(Actor):
+    """In a host's session: answers pings, and takes a requester it stops hearing from within
+    the bound it pings with for lost: the client, by exiting the session (the procs follow
+    their parent's death); any other process, by asking ``host`` (the session's ``HostActor``)
+    to kill the procs it spawned here. Async, so that it answers on the loop even while the
+    ``HostActor`` waits for a spawn (a template importing torch)."""
 
-    def __init__(self, on_silent: Callable[[str, str], None]) -> None:
-        self._on_silent = on_silent
+    def __init__(self, host: Any) -> None:
+        self._host = host
         #: requester -> (monotonic time of its last ping, its bound)
         self._last: dict[str, tuple[float, float]] = {}
 
-    def beat(self, requester: str, timeout_s: float) -> None:
-        """(any thread) ``requester`` pinged now."""
-        first = requester not in self._last
+    @endpoint
+    async def beat(self, requester: str, timeout_s: float) -> None:
+        if requester not in self._last:
+            runtime().loop.call_later(timeout_s, self._check, requester)
         self._last[requester] = (time.monotonic(), timeout_s)
-        if first:
-            rt = runtime()
-            rt.loop_thread.call_soon(rt.loop.call_later, timeout_s, self._check, requester)
-
-    def forget(self, requester: str) -> None:
-        self._last.pop(requester, None)
 
     def _check(self, requester: str) -> None:  # on the loop
-        entry = self._last.get(requester)
-        if entry is None:
-            return
-        last, timeout_s = entry
+        last, timeout_s = self._last[requester]
         silent = time.monotonic() - last
         if silent < timeout_s:
             runtime().loop.call_later(timeout_s - silent, self._check, requester)
             return
         del self._last[requester]
-        self._on_silent(
-            requester, f"no heartbeat from {requester} for {silent:.1f}s (its bound: {timeout_s:g}s)"
-        )
+        why = f"no heartbeat from {requester} for {silent:.1f}s (its bound: {timeout_s:g}s)"
+        if requester == root_address():
+            logger.warning("exiting: the client stopped sending heartbeats (%s)", why)
+            os._exit(1)  # the procs it spawned here follow (parent-death watch)
+        self._host.requester_silent.broadcast(requester, why)

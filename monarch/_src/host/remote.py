@@ -38,7 +38,7 @@ from monarch._src.actor.port import Port, PortHandler, handler_of
 from monarch._src.actor.proc_mesh import root_address
 from monarch._src.actor.process_state import runtime
 from monarch._src.host import log_capture
-from monarch._src.host.heartbeat import Pulse
+from monarch._src.host.heartbeat import HEARTBEAT_KEY, HeartbeatActor, Pulse
 from monarch._src.host.session import HOST_ACTOR_KEY, HostActor
 from monarch._src.mesh.shape import Shape
 from monarch._src.runtime.config import CONFIG, OVERRIDES_ENV, overrides_for_another_host
@@ -447,7 +447,7 @@ def keep_alive(agent: str, session: str, on_lost: Callable[[str], None] | None =
         if session in _pulses or session in _lost:
             return
         rt = runtime()
-        heartbeat = host_actor(session).heartbeat
+        heartbeat = ActorMesh(HeartbeatActor, "heartbeat", HEARTBEAT_KEY, (session,), Shape.unity()).beat
 
         def ping(port: Port[None], timeout_s: float) -> None:
             heartbeat.send_to_port((rt.address, timeout_s), {}, port, "all")

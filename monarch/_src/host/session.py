@@ -28,11 +28,12 @@ from typing import Any
 
 from monarch._src.actor import dispatch
 from monarch._src.actor.actor import Actor
+from monarch._src.actor.actor_mesh import ActorMesh
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.port import Port
-from monarch._src.actor.proc_mesh import root_address
 from monarch._src.actor.process_state import runtime
-from monarch._src.host.heartbeat import Watchdog
+from monarch._src.host.heartbeat import HEARTBEAT_KEY, HeartbeatActor
+from monarch._src.mesh.shape import Shape
 from monarch._src.runtime.config import OVERRIDES_ENV, with_this_machine
 from monarch._src.wire import payload, protocol
 
@@ -57,13 +58,7 @@ class HostActor(Actor):
         #: requester address -> ids of the groups it spawned here.
         self._by_requester: dict[str, set[int]] = {}
         self._next_id = 0
-        self._watchdog = Watchdog(self._requester_silent)
         runtime().on_peer_lost(self._requester_lost)
-
-    @endpoint
-    def heartbeat(self, requester: str, timeout_s: float) -> None:
-        """Answer a requester's ping; it is taken for lost if it stops for ``timeout_s``."""
-        self._watchdog.beat(requester, timeout_s)
 
     @endpoint
     def start_group(
@@ -116,15 +111,12 @@ class HostActor(Actor):
         if group is not None:
             group.kill()
 
-    def _requester_silent(self, address: str, why: str) -> None:
-        """It has declared this host lost by now (the same bound): end what it owns here."""
+    @endpoint
+    def requester_silent(self, address: str, why: str) -> None:
+        """Its heartbeats stopped (``HeartbeatActor``): it has declared this host lost by now."""
         self._requester_lost(address, TimeoutError(why))
-        if address == root_address():
-            logger.warning("exiting: the client stopped sending heartbeats (%s)", why)
-            os._exit(1)  # the procs it spawned here follow (parent-death watch)
 
     def _requester_lost(self, address: str, reason: BaseException) -> None:
-        self._watchdog.forget(address)
         for group_id in self._by_requester.pop(address, set()):
             group = self._groups.get(group_id)
             if group is not None:
@@ -133,14 +125,19 @@ class HostActor(Actor):
 
 
 def _announce(reply: list) -> None:
-    """(main thread, runtime live) Start the HostActor, then tell the client where we are."""
+    """(main thread, runtime live) Start the HostActor and the HeartbeatActor, then tell the
+    client where we are."""
     rt = runtime()
-    dispatch.handle_spawn(
-        protocol.spawn(
-            HOST_ACTOR_KEY, "host", 0, [[], []], (rt.address,), ["host", "host", "<host agent>"], None
-        ),
-        payload.dumps((HostActor, (), {})),
-    )
+    host = ActorMesh(HostActor, "host", HOST_ACTOR_KEY, (rt.address,), Shape.unity())
+    actors = [
+        (HOST_ACTOR_KEY, "host", (HostActor, (), {})),
+        (HEARTBEAT_KEY, "heartbeat", (HeartbeatActor, (host,), {})),
+    ]
+    for key, name, init in actors:
+        dispatch.handle_spawn(
+            protocol.spawn(key, name, 0, [[], []], (rt.address,), [name, name, "<host agent>"], None),
+            payload.dumps(init),
+        )
     info = {"address": rt.address, "hostname": socket.gethostname(), "pid": os.getpid()}
     announce: Port[dict[str, Any]] = Port(reply[0], reply[1])
     announce.send(info)
