@@ -73,11 +73,11 @@ class HostActor(Actor):
         """Start one proc per entry of ``envs``; their output goes to ``requester`` and each
         exit ``(rank, how, code)`` to ``exits``. Returns (group id, addresses, pids)."""
         address = runtime().address
-        envs = [{**env, SESSION_ENV: address} for env in envs]
-        for env in envs:  # the client's settings, this machine's ways to listen
+        procs_envs: list[dict[str, str]] = [{**env, SESSION_ENV: address} for env in envs]
+        for env in procs_envs:  # the client's settings, this machine's ways to listen
             if OVERRIDES_ENV in env:
                 env[OVERRIDES_ENV] = with_this_machine(env[OVERRIDES_ENV])
-        group = self._group_class(name, envs, gated=gated, preload=list(preload), output_to=requester)
+        group = self._group_class(name, procs_envs, gated=gated, preload=list(preload), output_to=requester)
         group_id = self._next_id
         self._next_id += 1
         self._groups[group_id] = group
@@ -128,8 +128,8 @@ def _announce(reply: list) -> None:
     """(main thread, runtime live) Start the HostActor and the HeartbeatActor, then tell the
     client where we are."""
     rt = runtime()
-    host = ActorMesh(HostActor, "host", HOST_ACTOR_KEY, (rt.address,), Shape.unity())
-    actors = [
+    host: ActorMesh[HostActor] = ActorMesh(HostActor, "host", HOST_ACTOR_KEY, (rt.address,), Shape.unity())
+    actors: list[tuple[str, str, tuple[type, tuple, dict]]] = [
         (HOST_ACTOR_KEY, "host", (HostActor, (), {})),
         (HEARTBEAT_KEY, "heartbeat", (HeartbeatActor, (host,), {})),
     ]
