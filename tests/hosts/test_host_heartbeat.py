@@ -12,18 +12,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import netns
 import psutil
 import pytest
-from helpers import IMPORT_TEST_MODULES, REPO, TESTS, end_client, running, wait_gone
+from helpers import IMPORT_TEST_MODULES, REPO, end_client, running, wait_gone
+from tcp_helpers import ClusterAgents
 
 pytestmark = pytest.mark.timeout(90)
 
-AGENT_PORT = 4100
 BOUND_S = 2
 #: What detection may take past the bound: the last ping's round trip, a loaded machine.
 SLACK_S = 1.5
@@ -75,44 +74,15 @@ out(**result)
 )
 
 
-@pytest.fixture
-def agents(
-    cluster2: netns.Cluster, tmp_path: Path
-) -> Iterator[tuple[list[str], str, list[subprocess.Popen[str]]]]:
-    """An agent on each host of the cluster; (their addresses, secret file, their processes)."""
-    secret = tmp_path / "secret"
-    secret.write_text("heartbeat-secret")
-    secret.chmod(0o600)
-    addresses, procs = [], []
-    for i, host in enumerate(cluster2.hosts):
-        address = f"tcp:{host.address}:{AGENT_PORT}"
-        agent = cluster2.popen(
-            i,
-            [sys.executable, "-m", "monarch.host", "--listen", address, "--secret-file", str(secret)],
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(TESTS)},
-        )
-        first = agent.stderr.readline()  # type: ignore[union-attr]
-        assert f"listening on {address}" in first, first
-        addresses.append(address)
-        procs.append(agent)
-    yield addresses, str(secret), procs
-    for agent in procs:  # let a frozen one be stopped by the cluster's teardown
-        if agent.poll() is None:
-            agent.send_signal(signal.SIGCONT)
-
-
 def lose_host_1(
     cluster: netns.Cluster,
-    agents: tuple[list[str], str, list[subprocess.Popen[str]]],
+    agents: ClusterAgents,
     fault: Callable[[int, int], None],
 ) -> tuple[dict[str, Any], float, list[int]]:
     """Run ``CLIENT``; once its call on host 1 is pending, ``fault(agent pid, session pid)``.
     Returns (the client's result, seconds from the fault to the call's failure, the pids of the
     client's procs and sessions on host 1)."""
-    addresses, secret, _ = agents
+    addresses, secret = agents.addresses, agents.secret
     env = {
         **os.environ,
         "MONARCH_TEST_HOSTS": ",".join(addresses),
@@ -169,26 +139,26 @@ def freeze(agent: int) -> list[int]:
 
 
 def test_a_session_killed_9_is_a_lost_host_at_once(
-    cluster2: netns.Cluster, agents: tuple[list[str], str, list[subprocess.Popen[str]]]
+    cluster2: netns.Cluster, cluster2_agents: ClusterAgents
 ) -> None:
     result, detected, gone = lose_host_1(
-        cluster2, agents, lambda agent, session: os.kill(session, signal.SIGKILL)
+        cluster2, cluster2_agents, lambda agent, session: os.kill(session, signal.SIGKILL)
     )
-    assert_host_1_lost(result, agents[0], bound=False)
+    assert_host_1_lost(result, cluster2_agents.addresses, bound=False)
     assert detected < BOUND_S, detected  # its connection closes: no need to wait for heartbeats
     assert wait_gone(gone) == []
-    assert all(a.poll() is None for a in agents[2])  # the agents keep serving
+    assert all(a.poll() is None for a in cluster2_agents.procs)  # the agents keep serving
 
 
 def test_a_frozen_host_is_lost_within_the_bound_and_does_not_come_back(
-    cluster2: netns.Cluster, agents: tuple[list[str], str, list[subprocess.Popen[str]]]
+    cluster2: netns.Cluster, cluster2_agents: ClusterAgents
 ) -> None:
     frozen: list[int] = []
     result, detected, gone = lose_host_1(
-        cluster2, agents, lambda agent, session: frozen.extend(freeze(agent))
+        cluster2, cluster2_agents, lambda agent, session: frozen.extend(freeze(agent))
     )
     try:
-        assert_host_1_lost(result, agents[0], bound=True)
+        assert_host_1_lost(result, cluster2_agents.addresses, bound=True)
         assert BOUND_S / 2 < detected < BOUND_S + SLACK_S, (
             detected
         )  # (the last answer was up to a fifth before)
@@ -198,11 +168,11 @@ def test_a_frozen_host_is_lost_within_the_bound_and_does_not_come_back(
             os.kill(pid, signal.SIGCONT)
     # Resumed, the agent reads that the client closed its connection: session and procs exit.
     assert wait_gone(gone) == []
-    assert agents[2][1].poll() is None
+    assert cluster2_agents.procs[1].poll() is None
 
 
 def test_a_cut_link_is_a_lost_host_within_the_bound_and_its_procs_exit(
-    cluster2: netns.Cluster, agents: tuple[list[str], str, list[subprocess.Popen[str]]]
+    cluster2: netns.Cluster, cluster2_agents: ClusterAgents
 ) -> None:
     host = cluster2.hosts[1]
 
@@ -210,14 +180,14 @@ def test_a_cut_link_is_a_lost_host_within_the_bound_and_its_procs_exit(
         subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "down"], check=True, timeout=30)
 
     try:
-        result, detected, gone = lose_host_1(cluster2, agents, cut)
-        assert_host_1_lost(result, agents[0], bound=True)
+        result, detected, gone = lose_host_1(cluster2, cluster2_agents, cut)
+        assert_host_1_lost(result, cluster2_agents.addresses, bound=True)
         assert BOUND_S / 2 < detected < BOUND_S + SLACK_S, (
             detected
         )  # (the last answer was up to a fifth before)
         # Its session stops hearing the client too: it kills the client's procs there and exits.
         assert wait_gone(gone, timeout=BOUND_S + 5) == []
-        assert agents[2][1].poll() is None
+        assert cluster2_agents.procs[1].poll() is None
     finally:
         subprocess.run(["ip", "-n", host.netns, "link", "set", "eth0", "up"], check=True, timeout=30)
 
