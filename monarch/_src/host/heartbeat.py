@@ -57,7 +57,6 @@ class Pulse(PortHandler):
         self._on_lost = on_lost
         self.timeout_s = CONFIG.host_heartbeat_timeout_s
         self._last_answer = time.monotonic()
-        self._timer: object = None
         self.stopped = False
         self.open()
 
