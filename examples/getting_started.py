@@ -1,8 +1,9 @@
 """Monarch's getting-started guide, run against monarch-aio, in the guide's order.
 
-Sections that later work covers (Multiple Hosts, RDMA, distributed tensors, remote
-functions) are left out; where a later section needs a name they defined
-(``trainer_procs``), a one-line stand-in on this host takes its place.
+Sections that later work covers (RDMA, distributed tensors, remote functions) are left out.
+"Multiple Hosts" runs on the hosts that ``MONARCH_HOSTS`` names (see docs/hosts.md); unset, the
+example sets it to ``local:2``: two host agents on this machine, started as subprocesses and
+torn down when the script exits.
 
 Run: python examples/getting_started.py
 """
@@ -48,11 +49,32 @@ counters.slice(gpus=slice(0, 4)).increment.broadcast()
 
 print(counters.get_value.call().get())
 
-# --- (Multiple Hosts is covered later; stand-in for the names it defines) ---------------------
-from monarch.actor import context
+# --- Multiple Hosts ----------------------------------------------------------------------------
+import os
 
-trainer_procs: ProcMesh = this_host().spawn_procs(per_host={"gpus": 4})
+os.environ.setdefault("MONARCH_HOSTS", "local:2")  # (monarch-aio) no cluster named: two local agents
+
+from monarch.actor import HostMesh, context, hosts_from_config
+
+hosts: HostMesh = hosts_from_config("MONARCH_HOSTS")
+print(hosts.extent)
+# An extent is the logical shape of a mesh. It is an ordered map, specifying the size of
+# each dimension in the mesh.
+
+
+class Trainer(Actor):
+    @endpoint
+    def step(self):
+        my_point = context().message_rank
+        return f"Trainer {my_point} taking a step."
+
+
+trainer_procs: ProcMesh = hosts.spawn_procs(per_host={"gpus": 4})
 print(f"Process mesh extent: {trainer_procs.extent}")
+
+trainers = trainer_procs.spawn("trainer", Trainer)
+
+print(trainers.step.call().get())
 
 # --- Logging -----------------------------------------------------------------------------------
 # Worker output reaches this terminal by default. Streaming it to the client with a window
@@ -194,11 +216,11 @@ port, recv = Channel.open()
 port.send(3)
 print(recv.recv().get())
 
-# The guide sends a remote function here (covered later); an endpoint of a 4-actor mesh
-# answers the same way, once per actor.
+# The guide sends a remote function here (covered later); an endpoint of the 4 actors on the
+# second host answers the same way, once per actor.
 from monarch.actor import send
 
-send(c.get_context_info, args=(), kwargs={}, port=port)
+send(c.slice(hosts=1).get_context_info, args=(), kwargs={}, port=port)
 
 for _ in range(4):
     print(recv.recv().get())

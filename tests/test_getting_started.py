@@ -19,16 +19,24 @@ def test_getting_started_example_runs() -> None:
         capture_output=True,
         text=True,
         timeout=90,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**{k: v for k, v in os.environ.items() if k != "MONARCH_HOSTS"}, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "Counter value: 0" in out
     # broadcast to all 8, then to gpus 0..3 again
     assert out.count("}, 2)") == 4 and out.count("}, 1)") == 4
-    assert "Process mesh extent: {gpus: 4}" in out
-    assert out.count("Step with data <data 1> and input = None") == 4
-    assert "Actor rank: {'gpus': 3/4}, message rank: {'gpus': 3/4}" in out
+    # Multiple Hosts: two local agents (MONARCH_HOSTS=local:2, set by the example), 4 procs each
+    assert "{hosts: 2}" in out
+    assert "Process mesh extent: {hosts: 2, gpus: 4}" in out
+    assert out.count("taking a step.") == 8 and "Trainer {'hosts': 1/2, 'gpus': 3/4} taking a step." in out
+    assert out.count("Step with data <data 1> and input = None") == 8
+    assert "Actor rank: {'hosts': 1/2, 'gpus': 3/4}, message rank: {'hosts': 1/2, " in out
+    # the port gets one answer from each of the 4 actors of the second host
+    assert (
+        out.count("message rank: {'gpus': ") == 4
+        and "Actor rank: {'hosts': 1/2, 'gpus': 0/4}, message rank: {'gpus': 0/4}" in out
+    )
     # supervision sections
     assert "It didn't say hello" in out
     assert "Failure received: MeshFailure(mesh_name=child, crashed_ranks=[0]" in out

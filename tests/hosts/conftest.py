@@ -12,6 +12,7 @@ from pathlib import Path
 import netns
 import pytest
 from helpers import REPO, TESTS, wait_until
+from tcp_helpers import ClusterAgents
 
 
 @pytest.fixture(scope="session")
@@ -82,3 +83,17 @@ def agent(tmp_path: Path) -> Iterator[Agent]:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def cluster2_agents(cluster2: netns.Cluster, tmp_path: Path) -> Iterator[ClusterAgents]:
+    """An agent on each host of ``cluster2``, sharing a secret file; they go with the cluster
+    (a test that stopped one with SIGSTOP has it continued first, so that it can be killed)."""
+    secret = tmp_path / "cluster-secret"
+    secret.write_text("cluster-secret")
+    secret.chmod(0o600)
+    agents = ClusterAgents(cluster2, str(secret))
+    yield agents
+    for agent in agents.procs:
+        if agent.poll() is None:
+            agent.send_signal(signal.SIGCONT)

@@ -11,12 +11,15 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgpack
+import netns
 import pytest
+from helpers import REPO, TESTS
 
 from monarch._src.actor.process_state import runtime
 from monarch._src.runtime.config import configured
@@ -147,3 +150,28 @@ def frame_head(header: dict[str, Any]) -> bytes:
     """Prefix and header of a frame (its bodies, of the lengths in header["b"], follow)."""
     head = msgpack.packb(header, use_bin_type=True)
     return struct.pack("<I", len(head)) + head
+
+
+class ClusterAgents:
+    """A host agent on each host of a cluster, on its own address and port ``AGENT_PORT``."""
+
+    AGENT_PORT = 4100
+
+    def __init__(self, cluster: netns.Cluster, secret_file: str) -> None:
+        self.secret = secret_file
+        self.addresses: list[str] = []
+        self.procs: list[subprocess.Popen[str]] = []
+        for i, host in enumerate(cluster.hosts):
+            address = f"tcp:{host.address}:{self.AGENT_PORT}"
+            agent = cluster.popen(
+                i,
+                [sys.executable, "-m", "monarch.host", "--listen", address, "--secret-file", secret_file],
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(TESTS)},
+            )
+            self.procs.append(agent)
+            first = agent.stderr.readline()  # type: ignore[union-attr]
+            assert f"listening on {address}" in first, first
+            self.addresses.append(address)

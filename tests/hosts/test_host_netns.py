@@ -16,7 +16,7 @@ import netns
 import psutil
 import pytest
 from helpers import IMPORT_TEST_MODULES, REPO, TESTS, end_client, run_python, running, wait_gone
-from tcp_helpers import make_certs
+from tcp_helpers import ClusterAgents, make_certs
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -63,26 +63,9 @@ hosts.shutdown().get(timeout=30)
 
 
 @pytest.fixture
-def agents(cluster2: netns.Cluster, tmp_path: Path) -> tuple[list[str], str]:
+def agents(cluster2_agents: ClusterAgents) -> tuple[list[str], str]:
     """An agent on each host of the cluster, on its own address; (their addresses, secret file)."""
-    secret = tmp_path / "secret"
-    secret.write_text("netns-secret")
-    secret.chmod(0o600)
-    addresses = []
-    for i, host in enumerate(cluster2.hosts):
-        address = f"tcp:{host.address}:{AGENT_PORT}"
-        agent = cluster2.popen(
-            i,
-            [sys.executable, "-m", "monarch.host", "--listen", address, "--secret-file", str(secret)],
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(TESTS)},
-        )
-        first = agent.stderr.readline()  # type: ignore[union-attr]
-        assert f"listening on {address}" in first, first
-        addresses.append(address)
-    return addresses, str(secret)
+    return cluster2_agents.addresses, cluster2_agents.secret
 
 
 def run_client(cluster: netns.Cluster, hosts: list[str], **env: str) -> dict[str, Any]:

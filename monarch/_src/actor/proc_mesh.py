@@ -34,8 +34,9 @@ T = TypeVar("T")
 
 ROOT_ADDRESS_ENV = "MONARCH_ROOT_ADDRESS"
 
-#: Set by the host layer: builds the HostMesh of the machine this process runs on.
-local_host_mesh_factory: Callable[[], Any] | None = None
+#: Set by the host layer: ``host_mesh_factory(host)`` builds the HostMesh of one machine, given
+#: as the host layer recorded it for a proc (``ProcMesh``'s ``hosts``); None: this machine.
+host_mesh_factory: Callable[[Any], Any] | None = None
 
 
 class ProcOwner(Protocol):
@@ -107,13 +108,15 @@ class ProcMesh(MeshTrait):
         addresses: tuple[str, ...],
         shape: Shape,
         owner: ProcOwner | None = None,
-        host_mesh: Any = None,
+        hosts: tuple[Any, ...] | None = None,
         initialized: Future[Any] | None = None,
     ) -> None:
         self._addresses = addresses
         self._mesh_shape = shape
         self._owner = owner
-        self._host_mesh = host_mesh
+        #: By base rank, the machine each proc runs on, as the host layer names it (travels
+        #: with the mesh); None: procs this process spawned on its own machine.
+        self._hosts = hosts
         self._initialized = initialized
 
     @property
@@ -121,7 +124,7 @@ class ProcMesh(MeshTrait):
         return self._mesh_shape
 
     def _new_with_shape(self, shape: Shape) -> ProcMesh:
-        return ProcMesh(self._addresses, shape, self._owner, self._host_mesh, self._initialized)
+        return ProcMesh(self._addresses, shape, self._owner, self._hosts, self._initialized)
 
     def _proc_addresses(self) -> list[str]:
         addrs = self._addresses
@@ -174,11 +177,9 @@ class ProcMesh(MeshTrait):
         """The host mesh a one-process mesh runs on, to spawn more processes on the same host."""
         if len(self) != 1:
             raise NotImplementedError("host_mesh is only available on a single-process ProcMesh")
-        if self._host_mesh is not None:
-            return self._host_mesh
-        if local_host_mesh_factory is None:
+        if host_mesh_factory is None:
             raise RuntimeError("no host layer is loaded (import monarch.actor)")
-        return local_host_mesh_factory()
+        return host_mesh_factory(self._hosts[self._mesh_shape.ranks()[0]] if self._hosts else None)
 
     async def logging_option(
         self,
@@ -243,7 +244,7 @@ class ProcMesh(MeshTrait):
         await self.stop()
 
     def __reduce__(self) -> Any:
-        return (ProcMesh, (self._addresses, self._mesh_shape))
+        return (ProcMesh, (self._addresses, self._mesh_shape, None, self._hosts))
 
     def __repr__(self) -> str:
         return f"ProcMesh({self._mesh_shape.extent})"

@@ -140,12 +140,14 @@ class HostMesh(MeshTrait):
                 name, hosts, envs_by_host, bootstrap is not None, list(preload or ())
             )
             addresses = group.addresses
+            procs_hosts: tuple[Host, ...] | None = tuple(host for host in hosts for _ in range(per))
         else:
             from monarch._src.host.spawner import ProcGroup  # subprocess is slow to import
 
             local = ProcGroup(name, envs, gated=bootstrap is not None, preload=list(preload or ()))
             owner, addresses = _ProcMeshOwner(local), local.addresses
-        mesh = ProcMesh(tuple(addresses), Shape.from_extent(extent), owner=owner)
+            procs_hosts = None
+        mesh = ProcMesh(tuple(addresses), Shape.from_extent(extent), owner=owner, hosts=procs_hosts)
         if bootstrap is not None:
             mesh._initialized = run_bootstrap(mesh, bootstrap)
         return mesh
@@ -300,7 +302,12 @@ def _local_host_mesh() -> HostMesh:
     return HostMesh(Shape.unity())
 
 
-proc_mesh_module.local_host_mesh_factory = _local_host_mesh
+def _host_mesh_of(host: Host | None) -> HostMesh:
+    """A proc's machine as a one-host mesh (None: this machine)."""
+    return _local_host_mesh() if host is None else HostMesh(Shape.unity(), (host,))
+
+
+proc_mesh_module.host_mesh_factory = _host_mesh_of
 
 
 def this_host() -> HostMesh:

@@ -10,8 +10,9 @@ a session within ``host_attach_timeout_s``.
 ``RemoteProcGroup`` is what owns procs spawned on such hosts (the ``ProcOwner`` of their
 ``ProcMesh``): each session's ``HostActor`` starts them and reports their exits to a port of
 the spawning process, which turns them into the same supervision events as a local exit. If a
-host is lost (its session's connection drops for good, or the agent connection closes),
-every proc there is reported failed at once, so pending calls fail and owners hear of it.
+host is lost (its session's connection drops for good, the agent connection closes, or it
+answers no heartbeat for ``host_heartbeat_timeout_s``: ``host/heartbeat``), every proc there is
+reported failed at once, so pending calls fail and owners hear of it.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from monarch._src.actor.port import Port, PortHandler, handler_of
 from monarch._src.actor.proc_mesh import root_address
 from monarch._src.actor.process_state import runtime
 from monarch._src.host import log_capture
+from monarch._src.host.heartbeat import HEARTBEAT_KEY, HeartbeatActor, Pulse
 from monarch._src.host.session import HOST_ACTOR_KEY, HostActor
 from monarch._src.mesh.shape import Shape
-from monarch._src.runtime.config import CONFIG
+from monarch._src.runtime.config import CONFIG, OVERRIDES_ENV, overrides_for_another_host
 from monarch._src.transport import auth
 from monarch._src.wire import protocol
 from monarch._src.wire.frame import encode_frame
@@ -161,6 +163,14 @@ class HostConnection:
         if self._timer is not None:
             self._timer.cancel()
         set_result(self.host.session, info["address"])
+        keep_alive(self.agent, info["address"], self._heartbeat_lost)
+
+    def _heartbeat_lost(self, why: str) -> None:
+        """The host stopped answering: lost now. Closing the agent connection makes the agent
+        end the session (and its procs) if the host ever reads it again (a frozen one resumed)."""
+        host_lost(self.host.session_address(), why)
+        if self._conn is not None:
+            self._conn.close()
 
     def _failed(self, why: BaseException | str) -> None:
         if self._announcement is not None:
@@ -192,6 +202,8 @@ class HostConnection:
     def close(self) -> None:
         """Let the agent end this job's session (and kill what is left of its procs)."""
         self.closing = True
+        if self.host.session.done() and outcome(self.host.session)[1] is None:
+            stop_heartbeat(self.host.session_address())
         rt = runtime()
         if self._conn is not None and not rt.closed:
             rt.loop_thread.call_soon(self._conn.close)
@@ -276,6 +288,10 @@ class RemoteProcGroup:
         for host, session in zip(hosts, sessions):
             if session in _lost:
                 raise RuntimeError(f"cannot spawn procs on the host of agent {host.agent}: {_lost[session]}")
+            keep_alive(host.agent, session)
+        overrides = overrides_for_another_host()
+        if overrides is not None:  # what configure() set here, for procs there (given env wins)
+            envs_by_host = [[{OVERRIDES_ENV: overrides, **env} for env in envs] for envs in envs_by_host]
         calls = []
         first = 0
         for session, envs in zip(sessions, envs_by_host):
@@ -398,9 +414,10 @@ def _forget(addresses: tuple[str, ...], port_ids: list[int]) -> None:
 
 def host_lost(session: str, why: str, expected: bool = False) -> None:
     """Every proc on the host whose session is ``session`` is gone."""
+    stop_heartbeat(session)
     with _lock:
         if not expected:
-            _lost[session] = f"the host was lost: {why}"
+            _lost.setdefault(session, f"the host was lost: {why}")  # the first cause is the news
         groups = list(_by_session.pop(session, ()))
     for group in groups:
         if expected:
@@ -410,7 +427,40 @@ def host_lost(session: str, why: str, expected: bool = False) -> None:
 
 def _peer_lost(address: str, reason: BaseException) -> None:
     if address in _by_session or address in _sessions_seen:
-        host_lost(address, f"its session at {address} is gone ({reason})")
+        agent = _agent_of.get(address, "?")
+        host_lost(address, f"its session at {address} (host agent {agent}) is gone ({reason})")
+
+
+#: session address -> this process's heartbeat to it.
+_pulses: dict[str, Pulse] = {}
+#: session address -> the address of its host's agent (to name the host in reports).
+_agent_of: dict[str, str] = {}
+
+
+def keep_alive(agent: str, session: str, on_lost: Callable[[str], None] | None = None) -> None:
+    """Heartbeat ``session`` (once per process; not with ``host_heartbeat_timeout_s`` 0): if it
+    stops answering, ``on_lost(why)``, by default ``host_lost``."""
+    _agent_of[session] = agent
+    if not CONFIG.host_heartbeat_timeout_s:
+        return
+    with _lock:
+        if session in _pulses or session in _lost:
+            return
+        rt = runtime()
+        heartbeat = ActorMesh(HeartbeatActor, "heartbeat", HEARTBEAT_KEY, (session,), Shape.unity()).beat
+
+        def ping(port: Port[None], timeout_s: float) -> None:
+            heartbeat.send_to_port((rt.address, timeout_s), {}, port, "all")
+
+        pulse = _pulses[session] = Pulse(agent, ping, on_lost or (lambda why: host_lost(session, why)))
+    pulse.start()
+
+
+def stop_heartbeat(session: str) -> None:
+    with _lock:
+        pulse = _pulses.pop(session, None)
+    if pulse is not None:
+        pulse.stop()
 
 
 _watching = False

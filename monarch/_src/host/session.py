@@ -12,9 +12,10 @@ This module is what runs in it:
 * ``HostActor.start_group`` starts procs with the same ``ProcGroup`` as on the client's own host
   (``preload``, ``env``, ``bootstrap`` gating), reads their output and sends it to the
   requester (``log_capture``), and reports each exit to the requester's port;
-* when a requester is lost (its process died), the procs it spawned here are killed; when the
-  agent ends the session (the client went away), this process is killed and its procs notice
-  their parent's death (``runtime/parent_death``) and exit.
+* when a requester is lost (its process died, or its heartbeats stopped: ``host/heartbeat``),
+  the procs it spawned here are killed; when the agent ends the session (the client went away),
+  this process is killed and its procs notice their parent's death (``runtime/parent_death``)
+  and exit. A client whose heartbeats stopped has declared this host lost: the session exits.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ from typing import Any
 
 from monarch._src.actor import dispatch
 from monarch._src.actor.actor import Actor
+from monarch._src.actor.actor_mesh import ActorMesh
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.port import Port
 from monarch._src.actor.process_state import runtime
+from monarch._src.host.heartbeat import HEARTBEAT_KEY, HeartbeatActor
+from monarch._src.mesh.shape import Shape
+from monarch._src.runtime.config import OVERRIDES_ENV, with_this_machine
 from monarch._src.wire import payload, protocol
 
 logger = logging.getLogger("monarch.host")
@@ -68,8 +73,11 @@ class HostActor(Actor):
         """Start one proc per entry of ``envs``; their output goes to ``requester`` and each
         exit ``(rank, how, code)`` to ``exits``. Returns (group id, addresses, pids)."""
         address = runtime().address
-        envs = [{**env, SESSION_ENV: address} for env in envs]
-        group = self._group_class(name, envs, gated=gated, preload=list(preload), output_to=requester)
+        procs_envs: list[dict[str, str]] = [{**env, SESSION_ENV: address} for env in envs]
+        for env in procs_envs:  # the client's settings, this machine's ways to listen
+            if OVERRIDES_ENV in env:
+                env[OVERRIDES_ENV] = with_this_machine(env[OVERRIDES_ENV])
+        group = self._group_class(name, procs_envs, gated=gated, preload=list(preload), output_to=requester)
         group_id = self._next_id
         self._next_id += 1
         self._groups[group_id] = group
@@ -103,6 +111,11 @@ class HostActor(Actor):
         if group is not None:
             group.kill()
 
+    @endpoint
+    def requester_silent(self, address: str, why: str) -> None:
+        """Its heartbeats stopped (``HeartbeatActor``): it has declared this host lost by now."""
+        self._requester_lost(address, TimeoutError(why))
+
     def _requester_lost(self, address: str, reason: BaseException) -> None:
         for group_id in self._by_requester.pop(address, set()):
             group = self._groups.get(group_id)
@@ -112,14 +125,19 @@ class HostActor(Actor):
 
 
 def _announce(reply: list) -> None:
-    """(main thread, runtime live) Start the HostActor, then tell the client where we are."""
+    """(main thread, runtime live) Start the HostActor and the HeartbeatActor, then tell the
+    client where we are."""
     rt = runtime()
-    dispatch.handle_spawn(
-        protocol.spawn(
-            HOST_ACTOR_KEY, "host", 0, [[], []], (rt.address,), ["host", "host", "<host agent>"], None
-        ),
-        payload.dumps((HostActor, (), {})),
-    )
+    host: ActorMesh[HostActor] = ActorMesh(HostActor, "host", HOST_ACTOR_KEY, (rt.address,), Shape.unity())
+    actors: list[tuple[str, str, tuple[type, tuple, dict]]] = [
+        (HOST_ACTOR_KEY, "host", (HostActor, (), {})),
+        (HEARTBEAT_KEY, "heartbeat", (HeartbeatActor, (host,), {})),
+    ]
+    for key, name, init in actors:
+        dispatch.handle_spawn(
+            protocol.spawn(key, name, 0, [[], []], (rt.address,), [name, name, "<host agent>"], None),
+            payload.dumps(init),
+        )
     info = {"address": rt.address, "hostname": socket.gethostname(), "pid": os.getpid()}
     announce: Port[dict[str, Any]] = Port(reply[0], reply[1])
     announce.send(info)

@@ -67,6 +67,15 @@ class RuntimeConfig:
         default_factory=lambda: float(_int_env("MONARCH_HOST_ATTACH_TIMEOUT_S", 10)),
         metadata={"monarch": "mesh_attach_config_timeout"},
     )
+    #: Seconds a host reached through an agent may go without answering a heartbeat before it
+    #: is declared lost (agent or session killed, network cut, machine frozen): every proc there
+    #: fails at once, naming the host and this bound. Each process that attached to hosts or
+    #: spawned procs on them pings each such host (not each proc) five times per bound; a host's
+    #: session that hears nothing from the client for as long kills that client's procs there
+    #: and exits. Read in the process that attaches or spawns; 0 turns heartbeats off.
+    host_heartbeat_timeout_s: float = field(
+        default_factory=lambda: float(_int_env("MONARCH_HOST_HEARTBEAT_TIMEOUT_S", 5))
+    )
     #: How long shutdown waits for a worker to exit by itself before killing it.
     stop_timeout_s: float = 5.0
     #: What the listeners of this process's runtime and of the procs it spawns are: "unix"
@@ -259,6 +268,34 @@ def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
         with _lock:
             clear_runtime_config()
             _apply(previous)
+
+
+#: Settings that describe one machine: how its processes listen (an interface of that machine),
+#: and its TLS files (paths on that machine). Procs a client spawns on another host keep that
+#: host's own, whatever the client configured; its other overrides reach them.
+PER_MACHINE = ("transport", "tcp_bind_host", "tls_cert", "tls_key", "tls_ca")
+
+
+def overrides_for_another_host() -> str | None:
+    """What ``configure`` set in this process, less ``PER_MACHINE``, as ``OVERRIDES_ENV`` holds
+    it: for procs spawned on another host (None: nothing to pass)."""
+    import json
+
+    with _lock:
+        portable = {k: v for k, v in _overrides.items() if k not in PER_MACHINE}
+    return json.dumps(portable, sort_keys=True) if portable else None
+
+
+def with_this_machine(overrides: str) -> str:
+    """A client's ``overrides_for_another_host``, plus this process's own ``PER_MACHINE``
+    overrides (a TLS agent's certificate files): what procs spawned here for it get."""
+    import json
+
+    with _lock:
+        local = {k: v for k, v in _overrides.items() if k in PER_MACHINE}
+    if not local:
+        return overrides
+    return json.dumps({**json.loads(overrides), **local}, sort_keys=True)
 
 
 def _inherit_overrides() -> None:
