@@ -1,0 +1,145 @@
+"""Tree multicast on 2 hosts x 2 procs (``local:2``): the client sends one frame per host for
+``call``/``broadcast``/``stream`` (counted on the client's connections), replies come back one
+frame per host, a sender's direct and multicast messages keep their order, and failures still
+reach the caller at once and the owner."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+from actors import Counter
+
+import monarch.actor
+from monarch._src.actor import multicast
+from monarch._src.actor.process_state import runtime
+from monarch.actor import ActorError, MeshFailure, SupervisionError, endpoint
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Log(Counter):
+    """Remembers the order its messages ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    @endpoint
+    def add(self, i: int) -> None:
+        self.seen.append(i)
+
+    @endpoint
+    def log(self) -> list[int]:
+        return self.seen
+
+    @endpoint
+    def fail_on(self, pid: int) -> int:
+        if os.getpid() == pid:
+            raise ValueError("boom on the chosen rank")
+        return os.getpid()
+
+    @endpoint
+    def die_on(self, pid: int) -> int:
+        if os.getpid() == pid:
+            os.kill(pid, signal.SIGKILL)
+        return os.getpid()
+
+
+def _sent(addresses: list[str]) -> dict[str, int]:
+    counts = runtime().frames_sent()
+    return {a: counts.get(a, 0) for a in addresses}
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {a: after[a] - before[a] for a in before}
+
+
+def _spawn(hosts2: Any) -> tuple[Any, list[str], list[str]]:
+    """A Log mesh on 2 hosts x 2 procs, with the sessions' and the procs' addresses."""
+    procs = hosts2.spawn_procs(per_host={"gpus": 2})
+    logs = procs.spawn("logs", Log)
+    logs.pid.call().get(timeout=20)  # every connection is made
+    ranks = logs._ref.dest_addresses()
+    sessions = sorted({multicast.forwarders[a] for a in ranks})
+    assert len(sessions) == 2 and len(set(ranks)) == 4
+    return logs, sessions, ranks
+
+
+def test_call_broadcast_and_stream_send_one_frame_per_host(hosts2: Any) -> None:
+    logs, sessions, ranks = _spawn(hosts2)
+    one_each = {**{s: 1 for s in sessions}, **{r: 0 for r in ranks}}
+
+    before = _sent(sessions + ranks)
+    values = logs.pid.call().get(timeout=20)
+    assert _delta(before, _sent(sessions + ranks)) == one_each
+    assert len(set(values.values())) == 4
+
+    before = _sent(sessions + ranks)
+    logs.incr.broadcast(3)
+    assert _delta(before, _sent(sessions + ranks)) == one_each
+    assert list(logs.value.call().get(timeout=20).values()) == [3, 3, 3, 3]
+
+    before = _sent(sessions + ranks)
+    assert sorted(f.get(timeout=20) for f in logs.value.stream()) == [3, 3, 3, 3]
+    assert _delta(before, _sent(sessions + ranks)) == one_each
+
+    # A single destination (call_one, choose, a one-proc slice of a host) goes straight there.
+    before = _sent(sessions + ranks)
+    assert logs.slice(hosts=1, gpus=0).value.call_one().get(timeout=20) == 3
+    assert logs.value.choose().get(timeout=20) == 3
+    delta = _delta(before, _sent(sessions + ranks))
+    assert all(delta[s] == 0 for s in sessions) and sum(delta[r] for r in ranks) == 2
+
+
+def test_a_senders_direct_and_multicast_messages_arrive_in_send_order(hosts2: Any) -> None:
+    logs, _, _ = _spawn(hosts2)
+    first = logs.slice(hosts=1, gpus=1)
+    expected = []
+    for i in range(300):  # alternate paths: direct call_one and multicast broadcast
+        if i % 3 == 0:
+            first.add.call_one(i)
+        else:
+            logs.add.broadcast(i)
+        expected.append(i)
+    assert first.log.call_one().get(timeout=30) == expected
+    others = logs.log.call().get(timeout=30)
+    assert others.item(hosts=0, gpus=0) == [i for i in expected if i % 3]
+
+
+def test_an_exception_on_one_rank_fails_the_gathered_call(hosts2: Any) -> None:
+    logs, _, _ = _spawn(hosts2)
+    victim = logs.slice(hosts=1, gpus=0).pid.call_one().get(timeout=20)
+    with pytest.raises(ActorError, match="boom on the chosen rank"):
+        logs.fail_on.call(victim).get(timeout=20)
+    assert len(logs.slice(hosts=0).fail_on.call(victim).get(timeout=20)) == 2
+
+
+def test_a_proc_killed_under_a_tree_call_fails_that_call_at_once(
+    hosts2: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    faults: list[MeshFailure] = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    logs, _, _ = _spawn(hosts2)
+    victim = logs.slice(hosts=1, gpus=1).pid.call_one().get(timeout=20)
+    started = time.monotonic()
+    with pytest.raises(SupervisionError, match="Killed|exited|signal"):
+        logs.die_on.call(victim).get(timeout=20)
+    assert time.monotonic() - started < 10
+
+
+def test_a_broadcast_failing_on_a_remote_rank_reaches_the_owner(
+    hosts2: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from helpers import wait_until
+
+    faults: list[MeshFailure] = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    logs, _, _ = _spawn(hosts2)
+    victim = logs.slice(hosts=0, gpus=1).pid.call_one().get(timeout=20)
+    logs.fail_on.broadcast(victim)
+    wait_until(lambda: faults, timeout=20, what="the owner hears of the failed broadcast")
+    assert "boom on the chosen rank" in faults[0].report()
