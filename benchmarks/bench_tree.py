@@ -103,7 +103,9 @@ def main() -> None:
         r = measure(h, args.procs_per_host, args.calls, args.rounds)
         results["scaling"].append(r)
         rows.append(r)
-    print(f"{'hosts':>5} {'ranks':>5} | {'tree wall':>10} {'tree cpu':>9} | {'flat wall':>10} {'flat cpu':>9}")
+    print(
+        f"{'hosts':>5} {'ranks':>5} | {'tree wall':>10} {'tree cpu':>9} | {'flat wall':>10} {'flat cpu':>9}"
+    )
     for r in rows:
         t, f = r["tree"], r["flat"]
         print(

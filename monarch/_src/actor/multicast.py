@@ -135,7 +135,9 @@ def send(
                 rt.send(address, header, bodies)
             else:
                 wire = [[rank, a, n] for (rank, a), n in zip(targets, numbers)]
-                rt.send(f, forward(actor, endpoint, reply, extent, wire, me, gather and reply is not None), bodies)
+                rt.send(
+                    f, forward(actor, endpoint, reply, extent, wire, me, gather and reply is not None), bodies
+                )
         except BaseException:
             _give_back(addresses, numbers)
             raise
