@@ -143,3 +143,22 @@ def test_a_broadcast_failing_on_a_remote_rank_reaches_the_owner(
     logs.fail_on.broadcast(victim)
     wait_until(lambda: faults, timeout=20, what="the owner hears of the failed broadcast")
     assert "boom on the chosen rank" in faults[0].report()
+
+
+@pytest.mark.slow
+def test_frames_behind_one_that_never_arrives_are_delivered_after_the_gap_bound(hosts2: Any) -> None:
+    from helpers import wait_until
+
+    from monarch._src.wire import payload, protocol
+
+    logs, _, _ = _spawn(hosts2)
+    one = logs.slice(hosts=0, gpus=0)
+    address = one._ref.dest_addresses()[0]
+    # Frame 1 of a sender whose frame 0 was lost on the way: held, then delivered anyway.
+    header = protocol.message(one._ref.key, "add", None, 0, [[], []])
+    header[protocol.SEQUENCE] = ["unix:/a/sender/whose/frame/0/was/lost", 1]
+    sent = time.monotonic()
+    runtime().send(address, header, payload.dumps_call((7,), {}))
+    assert one.log.call_one().get(timeout=20) == []  # held behind the missing frame
+    wait_until(lambda: one.log.call_one().get(timeout=20) == [7], timeout=3 * multicast.GAP_TIMEOUT_S)
+    assert time.monotonic() - sent >= multicast.GAP_TIMEOUT_S - 0.5

@@ -227,6 +227,8 @@ class ActorEndpoint(Generic[R]):
             port_spec = [rt.address, reply.port_id]
             remote = [a for _, a in dests if a != rt.address]
             if remote:  # this process cannot die without the caller; others can
+                if multicast.forwarders:  # a message (or its replies) may pass through them
+                    remote += multicast.forwarders_of(remote)
                 reply.expect_from(remote)
         elif port is not None:
             port_spec = port.reply_to()

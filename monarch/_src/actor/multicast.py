@@ -79,6 +79,19 @@ def forget(procs: Iterable[str]) -> None:
             _next_seq.pop(address, None)
 
 
+def forwarders_of(procs: Iterable[str]) -> list[str]:
+    """The forwarders a multicast to ``procs`` passes through (those of the hosts with two or
+    more of them): a call waiting on its replies must fail if one of them is lost."""
+    seen: set[str] = set()
+    used = []
+    for f in map(forwarders.get, procs):
+        if f is not None:
+            if f in seen and f not in used:
+                used.append(f)
+            seen.add(f)
+    return used
+
+
 def _take(addresses: list[str]) -> list[int]:
     with _lock:
         numbers = []
