@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from actors import Counter
+from helpers import wait_until
 
 import monarch.actor
 from monarch._src.actor import multicast
@@ -118,26 +119,30 @@ def test_an_exception_on_one_rank_fails_the_gathered_call(hosts2: Any) -> None:
     assert len(logs.slice(hosts=0).fail_on.call(victim).get(timeout=20)) == 2
 
 
+@pytest.fixture
+def faults(monkeypatch: pytest.MonkeyPatch) -> list[MeshFailure]:
+    """The mesh failures that reach the client (the owner of every mesh here)."""
+    seen: list[MeshFailure] = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", seen.append)
+    return seen
+
+
 def test_a_proc_killed_under_a_tree_call_fails_that_call_at_once(
-    hosts2: Any, monkeypatch: pytest.MonkeyPatch
+    hosts2: Any, faults: list[MeshFailure]
 ) -> None:
-    faults: list[MeshFailure] = []
-    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
     logs, _, _ = _spawn(hosts2)
     victim = logs.slice(hosts=1, gpus=1).pid.call_one().get(timeout=20)
     started = time.monotonic()
     with pytest.raises(SupervisionError, match="Killed|exited|signal"):
         logs.die_on.call(victim).get(timeout=20)
     assert time.monotonic() - started < 10
+    wait_until(lambda: faults, timeout=20, what="the owner hears of the death too")
+    assert str(victim) in faults[0].report() or "Killed" in faults[0].report(), faults[0].report()
 
 
 def test_a_broadcast_failing_on_a_remote_rank_reaches_the_owner(
-    hosts2: Any, monkeypatch: pytest.MonkeyPatch
+    hosts2: Any, faults: list[MeshFailure]
 ) -> None:
-    from helpers import wait_until
-
-    faults: list[MeshFailure] = []
-    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
     logs, _, _ = _spawn(hosts2)
     victim = logs.slice(hosts=0, gpus=1).pid.call_one().get(timeout=20)
     logs.fail_on.broadcast(victim)
@@ -147,8 +152,6 @@ def test_a_broadcast_failing_on_a_remote_rank_reaches_the_owner(
 
 @pytest.mark.slow
 def test_frames_behind_one_that_never_arrives_are_delivered_after_the_gap_bound(hosts2: Any) -> None:
-    from helpers import wait_until
-
     from monarch._src.wire import payload, protocol
 
     logs, _, _ = _spawn(hosts2)
