@@ -108,13 +108,9 @@ def handle_spawn(header: dict, bodies: list) -> None:
 
 def handle_message(header: dict, bodies: list) -> None:
     """To the actor's mailbox; held for a spawn it overtook; failed for an actor stopped here."""
-    if SEQUENCE in header:
-        multicast.in_order(header, bodies, _deliver_message)
-    else:
-        _deliver_message(header, bodies)
-
-
-def _deliver_message(header: dict, bodies: list) -> None:
+    if SEQUENCE in header:  # handled again, without it, in its sender's order
+        multicast.in_order(header, bodies, handle_message)
+        return
     key = header[ACTOR]
     inst = this_process.lookup(key)
     if inst is None and key in this_process.on_demand_actors:
@@ -175,13 +171,9 @@ def _release_early(inst: ActorInstance) -> None:
 def handle_stop_actor(header: dict, bodies: list) -> None:
     """Stop after the messages queued before this; past the sender's bound ("t" seconds) the
     sender is told what the actor is still running instead of waiting for it (runs on the loop)."""
-    if SEQUENCE in header:
-        multicast.in_order(header, bodies, _stop_actor)
-    else:
-        _stop_actor(header, bodies)
-
-
-def _stop_actor(header: dict, bodies: list) -> None:
+    if SEQUENCE in header:  # handled again, without it, in its sender's order
+        multicast.in_order(header, bodies, handle_stop_actor)
+        return
     inst = this_process.lookup(header[ACTOR])
     if inst is None:
         spec = header.get(REPLY_PORT)

@@ -226,8 +226,9 @@ _held: dict[str, dict[int, tuple[dict, list, Handler]]] = {}
 
 def in_order(header: dict, bodies: list, handler: Handler) -> None:
     """Run ``handler`` on this numbered frame, and on those held behind it, in the sender's
-    order (frames arrive on the loop thread, so handlers run in that order)."""
-    sender, n = header[SEQUENCE]
+    order (frames arrive on the loop thread, so handlers run in that order), each without
+    its number."""
+    sender, n = header.pop(SEQUENCE)
     with _lock:
         expected = _expected.get(sender, 0)
         if n > expected:
