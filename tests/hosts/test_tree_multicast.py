@@ -133,9 +133,10 @@ def test_a_proc_killed_under_a_tree_call_fails_that_call_at_once(
     logs, _, _ = _spawn(hosts2)
     victim = logs.slice(hosts=1, gpus=1).pid.call_one().get(timeout=20)
     started = time.monotonic()
-    with pytest.raises(SupervisionError, match="Killed|exited|signal"):
+    with pytest.raises(SupervisionError, match="Killed|exited|signal") as info:
         logs.die_on.call(victim).get(timeout=20)
     assert time.monotonic() - started < 10
+    assert "logs.die_on() failed" in str(info.value), info.value
     wait_until(lambda: faults, timeout=20, what="the owner hears of the death too")
     assert str(victim) in faults[0].report() or "Killed" in faults[0].report(), faults[0].report()
 

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.port import PortHandler
 from monarch._src.actor.process_state import runtime
 from monarch._src.wire.protocol import (
@@ -165,7 +166,7 @@ def handle_forward(header: dict, bodies: list) -> None:
     targets = header[TARGETS]
     reply = header[REPLY_PORT]
     if reply and header.get(GATHER):
-        gathered = HostGather(reply, len(targets))
+        gathered = HostGather(reply, len(targets), header[ENDPOINT])
         gathered.expect_from([a for _, a, _ in targets])
         reply = [rt.address, gathered.port_id]
     actor, endpoint, extent, sender = header[ACTOR], header[ENDPOINT], header[EXTENT], header[SENDER]
@@ -179,9 +180,9 @@ class HostGather(PortHandler):
     """On a forwarder: its procs' replies to one ``call()``, sent back as one frame."""
 
     raw_frames = True
-    label = "gathered call"
 
-    def __init__(self, reply: list, count: int) -> None:
+    def __init__(self, reply: list, count: int, endpoint: str) -> None:
+        self.label = endpoint
         self._reply = reply
         self._count = count
         self._ranks: list[list[int]] = []
@@ -204,10 +205,14 @@ class HostGather(PortHandler):
             runtime().send(address, port_batch(port_id, self._ranks), self._bodies)
 
     def fail(self, exc: BaseException) -> None:
-        """A proc of this call died here: the caller hears it now (and from its exit report)."""
+        """A proc of this call died, or a connection to one closed: gathering ends. The caller
+        (who spawned these procs, or it would not know this forwarder) hears of a death from
+        the proc's exit report, which names its call and rank; of anything else, from here."""
         from monarch._src.wire import payload  # only on this failure path
 
         self._done()
+        if isinstance(exc, SupervisionError):
+            return
         address, port_id = self._reply
         runtime().send(address, port_value(port_id, None, FLAG_EXCEPTION), payload.dumps(exc))
 
