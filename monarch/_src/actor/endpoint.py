@@ -2,7 +2,8 @@
 
 The decorator only marks a method and records its options; ``ActorEndpoint`` is what
 ``mesh.method`` returns on a spawned mesh, and turns ``call``/``call_one``/``choose``/``stream``/
-``broadcast`` into one message per destination process plus a reply collector.
+``broadcast`` into one message per destination process plus a reply collector (one message
+per host where a mesh spans hosts run by agents: ``multicast``).
 """
 
 from __future__ import annotations
