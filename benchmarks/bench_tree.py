@@ -6,14 +6,15 @@ returns at once, on ``local:N`` agents of this machine:
 
 * ``4 hosts x 8 procs``: wall time per call and the client's CPU per call, flat and tree;
 * the client's CPU per call as hosts grow (2, 4, 8, 16 agents, ``--procs-per-host`` each,
-  default 2), flat and tree: with tree multicast it should grow with hosts, not ranks.
+  default 2), flat and tree: with tree multicast it should grow with hosts, not ranks
+  (``--hosts 4 --procs-per-host 1,2,4,8`` holds the hosts and grows the ranks).
 
 "Flat" is the same client with its map of forwarders emptied for the measurement (every
 message then goes straight to its proc, as before tree multicast). CPU is the client process's
 user + system time (``time.process_time``: every thread of it).
 
 Run: .venv/bin/python benchmarks/bench_tree.py [--calls 200] [--rounds 3]
-     [--hosts 2,4,8,16] [--procs-per-host 2] [--skip-big]
+     [--hosts 2,4,8,16] [--procs-per-host 2[,4...]] [--skip-big]
 Prints a table, then ONE JSON object as the last line.
 """
 
@@ -91,7 +92,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--hosts", default="2,4,8,16")
-    p.add_argument("--procs-per-host", type=int, default=2)
+    p.add_argument("--procs-per-host", default="2", help="comma-separated: every hosts x procs pair is run")
     p.add_argument("--skip-big", action="store_true", help="skip 4 hosts x 8 procs")
     args = p.parse_args()
     results: dict[str, Any] = {"calls": args.calls, "rounds": args.rounds, "scaling": []}
@@ -100,9 +101,10 @@ def main() -> None:
         results["big"] = big = measure(4, 8, args.calls, args.rounds)
         rows.append(big)
     for h in (int(x) for x in args.hosts.split(",") if x):
-        r = measure(h, args.procs_per_host, args.calls, args.rounds)
-        results["scaling"].append(r)
-        rows.append(r)
+        for per_host in (int(x) for x in args.procs_per_host.split(",") if x):
+            r = measure(h, per_host, args.calls, args.rounds)
+            results["scaling"].append(r)
+            rows.append(r)
     print(
         f"{'hosts':>5} {'ranks':>5} | {'tree wall':>10} {'tree cpu':>9} | {'flat wall':>10} {'flat cpu':>9}"
     )
