@@ -17,7 +17,7 @@ from helpers import wait_until
 import monarch.actor
 from monarch._src.actor import multicast
 from monarch._src.actor.process_state import runtime
-from monarch.actor import ActorError, MeshFailure, SupervisionError, endpoint
+from monarch.actor import Actor, ActorError, MeshFailure, SupervisionError, concurrent_endpoint, endpoint
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -48,6 +48,14 @@ class Log(Counter):
         if os.getpid() == pid:
             os.kill(pid, signal.SIGKILL)
         return os.getpid()
+
+
+class Waiter(Actor):
+    @concurrent_endpoint
+    async def never(self) -> None:
+        import asyncio
+
+        await asyncio.Event().wait()
 
 
 def _sent(addresses: list[str]) -> dict[str, int]:
@@ -149,6 +157,20 @@ def test_a_broadcast_failing_on_a_remote_rank_reaches_the_owner(
     logs.fail_on.broadcast(victim)
     wait_until(lambda: faults, timeout=20, what="the owner hears of the failed broadcast")
     assert "boom on the chosen rank" in faults[0].report()
+
+
+def test_a_call_whose_forwarder_connection_dropped_fails_instead_of_waiting(hosts2: Any) -> None:
+    procs = hosts2.spawn_procs(per_host={"gpus": 2})
+    waiters = procs.spawn("waiters", Waiter)
+    pending = waiters.never.call()
+    session = multicast.forwarders[waiters._ref.dest_addresses()[0]]
+    rt = runtime()
+    conn = rt._conns[session]
+    wait_until(lambda: conn.frames_sent and not conn._queue, what="the call left for the forwarder")
+    rt.loop_thread.call_soon(conn.close)  # the connection drops under a live forwarder
+    with pytest.raises(ConnectionError, match="still alive") as info:
+        pending.get(timeout=20)
+    assert "waiters.never()" in str(info.value) and session in str(info.value)
 
 
 @pytest.mark.slow
