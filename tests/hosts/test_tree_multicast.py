@@ -44,6 +44,11 @@ class Log(Counter):
         return os.getpid()
 
     @endpoint
+    def echo_size(self, data: bytes, reply_bytes: int) -> bytes:
+        """A large argument in, a large reply out (both through shared memory on one host)."""
+        return bytes([len(data) % 251]) * reply_bytes
+
+    @endpoint
     def die_on(self, pid: int) -> int:
         if os.getpid() == pid:
             os.kill(pid, signal.SIGKILL)
@@ -102,6 +107,18 @@ def test_call_broadcast_and_stream_send_one_frame_per_host(hosts2: Any) -> None:
     assert logs.value.choose().get(timeout=20) == 3
     delta = _delta(before, _sent(sessions + ranks))
     assert all(delta[s] == 0 for s in sessions) and sum(delta[r] for r in ranks) == 2
+
+
+def test_large_arguments_and_replies_travel_through_the_forwarders(hosts2: Any) -> None:
+    logs, sessions, ranks = _spawn(hosts2)
+    big = os.urandom(3 << 20)
+    before = _sent(sessions + ranks)
+    replies = logs.echo_size.call(big, 2 << 20).get(timeout=30)
+    delta = _delta(before, _sent(sessions + ranks))  # (a session may also get buffers given back)
+    assert all(delta[s] >= 1 for s in sessions) and all(delta[r] == 0 for r in ranks), delta
+    assert [r == bytes([len(big) % 251]) * (2 << 20) for r in replies.values()] == [True] * 4
+    for _ in range(3):  # shared-memory buffers lent on the way are given back and reused
+        assert len(logs.echo_size.call(big, 1 << 20).get(timeout=30)) == 4
 
 
 def test_a_senders_direct_and_multicast_messages_arrive_in_send_order(hosts2: Any) -> None:
