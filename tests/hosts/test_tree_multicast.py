@@ -5,9 +5,11 @@ reach the caller at once and the owner."""
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from helpers import wait_until
 import monarch.actor
 from monarch._src.actor import multicast
 from monarch._src.actor.process_state import runtime
+from monarch._src.wire import payload, protocol
 from monarch.actor import Actor, ActorError, MeshFailure, SupervisionError, concurrent_endpoint, endpoint
 
 pytestmark = pytest.mark.timeout(60)
@@ -72,6 +75,21 @@ def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {a: after[a] - before[a] for a in before}
 
 
+@pytest.fixture
+def replies_received() -> Iterator[collections.Counter[int]]:
+    """How many reply frames (PORT, PORT_BATCH) reach this process, by kind."""
+    from monarch._src.actor import port
+
+    counts: collections.Counter[int] = collections.Counter()
+    rt = runtime()
+    handlers = {protocol.PORT_KIND: port.handle_port_frame, protocol.PORT_BATCH_KIND: port.handle_port_batch}
+    for kind, handler in handlers.items():
+        rt.register(kind, lambda h, b, handler=handler: (counts.update([h[protocol.KIND]]), handler(h, b)))
+    yield counts
+    for kind, handler in handlers.items():
+        rt.register(kind, handler)
+
+
 def _spawn(hosts2: Any) -> tuple[Any, list[str], list[str]]:
     """A Log mesh on 2 hosts x 2 procs, with the sessions' and the procs' addresses."""
     procs = hosts2.spawn_procs(per_host={"gpus": 2})
@@ -83,14 +101,19 @@ def _spawn(hosts2: Any) -> tuple[Any, list[str], list[str]]:
     return logs, sessions, ranks
 
 
-def test_call_broadcast_and_stream_send_one_frame_per_host(hosts2: Any) -> None:
+def test_call_broadcast_and_stream_send_one_frame_per_host(
+    hosts2: Any, replies_received: collections.Counter[int]
+) -> None:
     logs, sessions, ranks = _spawn(hosts2)
     one_each = {**{s: 1 for s in sessions}, **{r: 0 for r in ranks}}
 
     before = _sent(sessions + ranks)
+    replies_received.clear()
     values = logs.pid.call().get(timeout=20)
     assert _delta(before, _sent(sessions + ranks)) == one_each
     assert len(set(values.values())) == 4
+    # ... and the 4 replies came back as one frame from each host.
+    assert replies_received == {protocol.PORT_BATCH_KIND: 2}
 
     before = _sent(sessions + ranks)
     logs.incr.broadcast(3)
@@ -192,8 +215,6 @@ def test_a_call_whose_forwarder_connection_dropped_fails_instead_of_waiting(host
 
 @pytest.mark.slow
 def test_frames_behind_one_that_never_arrives_are_delivered_after_the_gap_bound(hosts2: Any) -> None:
-    from monarch._src.wire import payload, protocol
-
     logs, _, _ = _spawn(hosts2)
     one = logs.slice(hosts=0, gpus=0)
     address = one._ref.dest_addresses()[0]
