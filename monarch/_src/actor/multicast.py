@@ -32,6 +32,7 @@ from typing import Any
 from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.port import PortHandler
 from monarch._src.actor.process_state import runtime
+from monarch._src.actor.undelivered import message_rejected
 from monarch._src.wire.protocol import (
     ACTOR,
     ENDPOINT,
@@ -173,7 +174,10 @@ def handle_forward(header: dict, bodies: list) -> None:
     for rank, address, n in targets:
         out = message(actor, endpoint, reply, rank, extent)
         out[SEQUENCE] = [sender, n]
-        rt.send(address, out, bodies)
+        try:
+            rt.send(address, out, bodies)
+        except Exception as e:  # (this runtime shut down, say) its caller must not wait for it
+            message_rejected(out, e)
 
 
 class HostGather(PortHandler):
