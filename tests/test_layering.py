@@ -68,6 +68,7 @@ ACTOR_ORDER = [
     "collectors",
     "undelivered",
     "log_forwarding",
+    "multicast",
     # endpoints and meshes
     "endpoint",
     "actor",

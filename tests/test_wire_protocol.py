@@ -83,6 +83,8 @@ def test_each_kind_uses_distinct_keys_and_builders_use_them() -> None:
         protocol.log_flush(["addr", 1], 0),
         protocol.log_option(["addr", 1], 0, protocol.log_options(True, "addr", "m", 20, "p")),
         protocol.host_hello(["addr", 1], "root", b"nonce"),
+        protocol.forward("a", "e", ["addr", 1], [[], []], [[0, "addr", 0]], "addr", gather=True),
+        protocol.port_batch(1, [[0, 1]]),
         protocol.shm_give_back(["f"]),
     ]
     assert sorted(h[protocol.KIND] for h in built) == sorted(protocol.KINDS)

@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from monarch._src.actor import log_forwarding, log_prefix, port, supervision, undelivered
+from monarch._src.actor import log_forwarding, log_prefix, multicast, port, supervision, undelivered
 from monarch._src.actor.context import extent_of
 from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import set_loop_thread_probe
@@ -41,6 +41,7 @@ from monarch._src.wire.protocol import (
     OWNER,
     RANK,
     REPLY_PORT,
+    SEQUENCE,
     TIMEOUT,
 )
 
@@ -60,6 +61,8 @@ def install(rt: Runtime) -> None:
     rt.register(protocol.MSG_KIND, handle_message)
     rt.register(protocol.SPAWN_KIND, handle_spawn)
     rt.register(protocol.PORT_KIND, port.handle_port_frame)
+    rt.register(protocol.PORT_BATCH_KIND, port.handle_port_batch)
+    rt.register(protocol.FORWARD_KIND, multicast.handle_forward)
     rt.register(protocol.STOP_ACTOR_KIND, handle_stop_actor)
     rt.register(protocol.STOP_PROC_KIND, handle_stop_proc)
     rt.register(protocol.SUPERVISION_KIND, supervision.handle_supervision_frame)
@@ -105,6 +108,9 @@ def handle_spawn(header: dict, bodies: list) -> None:
 
 def handle_message(header: dict, bodies: list) -> None:
     """To the actor's mailbox; held for a spawn it overtook; failed for an actor stopped here."""
+    if SEQUENCE in header:  # handled again, without it, in its sender's order
+        multicast.in_order(header, bodies, handle_message)
+        return
     key = header[ACTOR]
     inst = this_process.lookup(key)
     if inst is None and key in this_process.on_demand_actors:
@@ -165,6 +171,9 @@ def _release_early(inst: ActorInstance) -> None:
 def handle_stop_actor(header: dict, bodies: list) -> None:
     """Stop after the messages queued before this; past the sender's bound ("t" seconds) the
     sender is told what the actor is still running instead of waiting for it (runs on the loop)."""
+    if SEQUENCE in header:  # handled again, without it, in its sender's order
+        multicast.in_order(header, bodies, handle_stop_actor)
+        return
     inst = this_process.lookup(header[ACTOR])
     if inst is None:
         spec = header.get(REPLY_PORT)

@@ -2,7 +2,8 @@
 
 The decorator only marks a method and records its options; ``ActorEndpoint`` is what
 ``mesh.method`` returns on a spawned mesh, and turns ``call``/``call_one``/``choose``/``stream``/
-``broadcast`` into one message per destination process plus a reply collector.
+``broadcast`` into one message per destination process plus a reply collector (one message
+per host where a mesh spans hosts run by agents: ``multicast``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
+from monarch._src.actor import multicast
 from monarch._src.actor.collectors import GatherCollector, OnceCollector, StreamCollector
 from monarch._src.actor.context import current_instance
 from monarch._src.actor.coroutines import is_coroutine_function
@@ -200,8 +202,11 @@ class ActorEndpoint(Generic[R]):
         port: Port[Any] | None = None,
         selection: Selection = "all",
         reply: PortHandler | None = None,
+        gather: bool = False,
     ) -> list[str]:
-        """Send one message per destination; return the destination addresses.
+        """Send one message per destination (one per host where the destinations span hosts,
+        see ``multicast``; ``gather``: their replies come back one frame per host too);
+        return the destination addresses.
 
         With a ``reply`` handler, it is told which processes to expect replies from before
         anything is sent, so a reply (or a process death) can never arrive unaccounted for.
@@ -223,24 +228,34 @@ class ActorEndpoint(Generic[R]):
             port_spec = [rt.address, reply.port_id]
             remote = [a for _, a in dests if a != rt.address]
             if remote:  # this process cannot die without the caller; others can
+                if multicast.forwarders:  # a message (or its replies) may pass through them
+                    remote += multicast.forwarders_of(remote)
                 reply.expect_from(remote)
         elif port is not None:
             port_spec = port.reply_to()
         else:
             port_spec = None
         key, name = ref.key, self._name
-        for rank, address in dests:
-            rt.send(address, message(key, name, port_spec, rank, extent), bodies)
+        if multicast.forwarders:  # some procs of this job are on hosts run by agents
+            multicast.send(dests, key, name, port_spec, extent, bodies, gather)
+        else:
+            for rank, address in dests:
+                rt.send(address, message(key, name, port_spec, rank, extent), bodies)
         return [a for _, a in dests]
 
     def _collect(
-        self, collector: PortHandler, args: tuple, kwargs: dict, selection: Selection = "all"
+        self,
+        collector: PortHandler,
+        args: tuple,
+        kwargs: dict,
+        selection: Selection = "all",
+        gather: bool = False,
     ) -> None:
         """Send with ``collector`` as the reply port; a known-failed mesh fails it at once."""
         collector.label = self._label()
         try:
             self._ref.check_usable(self._name)
-            sent_to = self._send(args, kwargs, selection=selection, reply=collector)
+            sent_to = self._send(args, kwargs, selection=selection, reply=collector, gather=gather)
             inst = current_instance.get()
             if inst is not None and inst.key == self._ref.key:
                 self._guard_self_call(inst, collector, sent_to)
@@ -298,7 +313,7 @@ class ActorEndpoint(Generic[R]):
         """Call the endpoint on every actor of the mesh; the Future gives a ``ValueMesh`` of the replies,
         or raises the first ``ActorError``/``SupervisionError`` if any call fails."""
         collector = GatherCollector(self._ref.shape_renumbered(), len(self._mesh))
-        self._collect(collector, args, kwargs)
+        self._collect(collector, args, kwargs, gather=True)
         return collector.future
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:

@@ -22,7 +22,7 @@ from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.future import Future, pending_future, set_exception, set_result
 from monarch._src.actor.process_state import runtime
 from monarch._src.wire import payload
-from monarch._src.wire.protocol import FLAG_EXCEPTION, FLAGS, PORT_ID, RANK, port_value
+from monarch._src.wire.protocol import FLAG_EXCEPTION, FLAGS, PORT_ID, RANK, REPLIES, port_value
 
 R = TypeVar("R")
 
@@ -43,8 +43,14 @@ class PortHandler:
     label: str = "port"
     #: Processes a reply is expected from (see ``expect_from``).
     _addresses: Iterable[str] = ()
+    #: True for a handler that takes frames as they came (``deliver_frame``), not unpickled.
+    raw_frames = False
 
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
+        raise NotImplementedError
+
+    def deliver_frame(self, header: dict, bodies: list) -> None:
+        """A PORT frame for a ``raw_frames`` handler (one that passes replies on unread)."""
         raise NotImplementedError
 
     def fail(self, exc: BaseException) -> None:
@@ -112,7 +118,24 @@ def handle_port_frame(header: dict, bodies: list) -> None:
     handler = _handlers.get(header[PORT_ID])
     if handler is None:
         return  # receiver gone (e.g. a `choose` reply after completion): nothing to do
-    is_exc = bool(header.get(FLAGS, 0) & FLAG_EXCEPTION)
+    if handler.raw_frames:
+        handler.deliver_frame(header, bodies)
+        return
+    _deliver(handler, header.get(RANK), bodies, bool(header.get(FLAGS, 0) & FLAG_EXCEPTION))
+
+
+def handle_port_batch(header: dict, bodies: list) -> None:
+    """Replies of several ranks gathered on their host (``multicast``), delivered one by one."""
+    handler = _handlers.get(header[PORT_ID])
+    pos = 0
+    for rank, count in header[REPLIES]:
+        if handler is None or handler.port_id not in _handlers:
+            return  # receiver gone, or done (it failed on an earlier reply)
+        _deliver(handler, rank, bodies[pos : pos + count], False)
+        pos += count
+
+
+def _deliver(handler: PortHandler, rank: int | None, bodies: list, is_exc: bool) -> None:
     try:
         value = payload.loads(bodies)
     except Exception as e:
@@ -121,7 +144,7 @@ def handle_port_frame(header: dict, bodies: list) -> None:
             e, f"The reply to {handler.label}() carried {what} that could not be unpickled here."
         )
         is_exc = True
-    handler.deliver(header.get(RANK), value, is_exc)
+    handler.deliver(rank, value, is_exc)
 
 
 class Port(Generic[R]):

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from monarch._src.actor import supervision
+from monarch._src.actor import multicast, supervision
 from monarch._src.actor.actor import Actor, validate_actor_class
 from monarch._src.actor.actor_mesh import ActorMesh, keep_while_referenced
 from monarch._src.actor.collectors import StopCollector
@@ -94,7 +94,9 @@ def stop_actors(key: str, addresses: list[str], label: str = "mesh") -> Future[N
     collector.expect_from(addresses)
     spec = [rt.address, collector.port_id]
     for i, address in enumerate(addresses):
-        rt.send(address, protocol.stop_actor(key, spec, i, timeout), [])
+        header = protocol.stop_actor(key, spec, i, timeout)
+        multicast.stamp(address, header)  # after the messages sent before it, whatever their path
+        rt.send(address, header, [])
     if addresses:
         rt.loop_thread.call_soon(rt.loop.call_later, timeout + STOP_ANSWER_GRACE_S, collector.overdue)
     return collector.future

@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from monarch._src.actor import supervision
+from monarch._src.actor import multicast, supervision
 from monarch._src.actor.actor_mesh import ActorMesh
 from monarch._src.actor.future import (
     Future,
@@ -324,6 +324,8 @@ class RemoteProcGroup:
             raise RuntimeError(
                 f"spawning {name} on the host of agent {host.agent} failed: {error}"
             ) from error
+        for session, _, first, count in self._parts:
+            multicast.add_host(session, self.addresses[first : first + count])
         self.returncodes = [None] * len(self.addresses)
         self._exit_futures = [pending_future() for _ in self.addresses]
         with _lock:
@@ -410,6 +412,7 @@ def _forget(addresses: tuple[str, ...], port_ids: list[int]) -> None:
         if handler is not None:
             handler.close()
     supervision.forget_processes(addresses)
+    multicast.forget(addresses)
 
 
 def host_lost(session: str, why: str, expected: bool = False) -> None:

@@ -136,6 +136,12 @@ class Runtime:
     def is_local(self, address: str) -> bool:
         return address == self.address
 
+    def frames_sent(self) -> dict[str, int]:
+        """Frames sent so far to each peer over its current connection (what tests and
+        benchmarks count, e.g. that a multicast costs one frame per host)."""
+        with self._conns_lock:
+            return {address: conn.frames_sent for address, conn in self._conns.items()}
+
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self.loop_thread.ident
 

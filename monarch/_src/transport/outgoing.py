@@ -112,6 +112,8 @@ class OutgoingConnection:
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.authenticated = False
         self.closed = False
+        #: Frames handed to ``send`` (what a test or benchmark counts per peer).
+        self.frames_sent = 0
         self.close_reason: BaseException | None = None
         self._handshake = bytearray()
         self._nonce_c = b""
@@ -126,6 +128,7 @@ class OutgoingConnection:
         with self._lock:
             if self.closed:
                 raise ConnectionResetError(f"connection {self.name} is closed: {self.close_reason}")
+            self.frames_sent += 1
             q = self._queue
             on_loop = threading.get_ident() == self._loop_ident
             if not self.authenticated or q or self._flush_scheduled:

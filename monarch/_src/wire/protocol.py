@@ -35,6 +35,10 @@ LOG_FLUSH_KIND = 8
 LOG_OPTION_KIND = 9
 #: A client asking a host agent for a session of its job (on the agent's own connection).
 HOST_HELLO_KIND = 10
+#: Tree multicast: one MSG for several procs of the receiving process's host, which sends it on.
+FORWARD_KIND = 11
+#: The replies of several ranks to one port, gathered on their host (tree multicast).
+PORT_BATCH_KIND = 12
 #: "I no longer use these shared-memory files you lent me" (runtime-internal).
 SHM_GIVE_BACK_KIND = 64
 
@@ -49,6 +53,8 @@ KINDS = (
     LOG_FLUSH_KIND,
     LOG_OPTION_KIND,
     HOST_HELLO_KIND,
+    FORWARD_KIND,
+    PORT_BATCH_KIND,
     SHM_GIVE_BACK_KIND,
 )
 
@@ -107,6 +113,14 @@ LOG_OPTIONS = "o"
 ROOT = "o"
 #: HOST_HELLO: the nonce the job secret (the frame's body) is sealed with.
 NONCE = "n"
+#: FORWARD: the procs to send the message on to, ``[[rank, address, sequence number], ...]``.
+TARGETS = "t"
+#: FORWARD: the address of the process that sent the multicast (see ``SEQUENCE``).
+SENDER = "s"
+#: FORWARD: present when the forwarder gathers the replies into one PORT_BATCH frame.
+GATHER = "g"
+#: PORT_BATCH: ``[[rank, number of bodies], ...]``, the bodies following in that order.
+REPLIES = "v"
 #: SHM_GIVE_BACK: names of the files given back.
 FILE_NAMES = "n"
 #: Any frame sent between processes: indexes of the bodies that are shared-memory file names.
@@ -117,6 +131,10 @@ SHM_AS_BYTES = "shmb"
 SHM_LENT = "shml"
 #: ... and the address to give them back to.
 SHM_LENDER = "shmo"
+
+#: MSG or STOP_ACTOR to a proc that tree multicast reaches too: ``[sender address, n]``, the
+#: n-th such frame from that sender to that proc (the receiver restores the sender's order).
+SEQUENCE = "q"
 
 #: PORT flag: the payload is an exception for the receiver to raise.
 FLAG_EXCEPTION = 1
@@ -133,7 +151,8 @@ OPT_LEVEL = "v"
 #: Prefix of each forwarded line.
 OPT_PREFIX = "x"
 
-#: The header keys of each kind, besides ``KIND``, ``BODY_LENGTHS`` and the ``SHM_*`` keys.
+#: The header keys of each kind, besides ``KIND``, ``BODY_LENGTHS``, ``SEQUENCE`` and the
+#: ``SHM_*`` keys.
 FIELDS: dict[int, tuple[str, ...]] = {
     MSG_KIND: (ACTOR, ENDPOINT, REPLY_PORT, RANK, EXTENT),
     SPAWN_KIND: (ACTOR, NAME, RANK, EXTENT, ADDRESSES, CREATOR, OWNER, BOOT),
@@ -145,6 +164,8 @@ FIELDS: dict[int, tuple[str, ...]] = {
     LOG_FLUSH_KIND: (REPLY_PORT, RANK),
     LOG_OPTION_KIND: (REPLY_PORT, RANK, LOG_OPTIONS),
     HOST_HELLO_KIND: (REPLY_PORT, ROOT, NONCE),
+    FORWARD_KIND: (ACTOR, ENDPOINT, REPLY_PORT, EXTENT, TARGETS, SENDER, GATHER),
+    PORT_BATCH_KIND: (PORT_ID, REPLIES),
     SHM_GIVE_BACK_KIND: (FILE_NAMES,),
 }
 
@@ -241,6 +262,34 @@ def log_options(stream: bool, dest: str, mesh: Any, level: int, prefix: str | No
 def host_hello(reply: list, root: str, nonce: bytes) -> dict[str, Any]:
     """Sent once on a client's connection to a host agent; the body is the sealed job secret."""
     return {KIND: HOST_HELLO_KIND, REPLY_PORT: reply, ROOT: root, NONCE: nonce}
+
+
+def forward(
+    actor: str,
+    endpoint: str,
+    reply: list | None,
+    extent: list,
+    targets: list[list[Any]],
+    sender: str,
+    gather: bool,
+) -> dict[str, Any]:
+    """A MSG for the procs in ``targets``, all on the receiver's host, to send on."""
+    header = {
+        KIND: FORWARD_KIND,
+        ACTOR: actor,
+        ENDPOINT: endpoint,
+        REPLY_PORT: reply,
+        EXTENT: extent,
+        TARGETS: targets,
+        SENDER: sender,
+    }
+    if gather:
+        header[GATHER] = 1
+    return header
+
+
+def port_batch(port_id: int, replies: list[list[int]]) -> dict[str, Any]:
+    return {KIND: PORT_BATCH_KIND, PORT_ID: port_id, REPLIES: replies}
 
 
 def shm_give_back(names: list[str]) -> dict[str, Any]:
