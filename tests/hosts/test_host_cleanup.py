@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 from actors import Pid
-from helpers import IMPORT_TEST_MODULES, REPO, end_client, running, wait_gone
+from helpers import IMPORT_TEST_MODULES, REPO, end_client, running, wait_gone, wait_until
 
 import monarch.actor
 from monarch.actor import endpoint, hosts_from_config
@@ -125,4 +125,5 @@ def test_procs_spawned_by_an_actor_go_when_its_process_dies(
     os.kill(parent.pid.call_one().get(timeout=20), signal.SIGKILL)
     assert wait_gone([child]) == []  # its spawner on host 1 killed it
     procs.stop().get(timeout=20)
+    wait_until(lambda: faults, 20, "the parent's failure reported to the client")
     assert [f.mesh_name for f in faults] == ["parent"]
