@@ -431,6 +431,18 @@ def build_parser(
         "forked from, instead of once per worker (e.g. torch). Their import sees only the "
         "environment all workers share. (PET_PRELOAD)",
     )
+    value(
+        "--hosts",
+        type=str,
+        default=None,
+        metavar="SPEC",
+        help="[monarch] Single-controller mode: this launcher alone starts --nproc-per-node "
+        "workers on every host of SPEC, through their host agents (`python -m monarch.host`). "
+        "SPEC is what hosts_from_config accepts: local:N (N agents on this machine), agent "
+        "addresses (tcp:HOST:PORT,... with MONARCH_HOST_SECRET or MONARCH_HOST_SECRET_FILE "
+        "set), or a file naming them. Host i is GROUP_RANK i; no other launcher is needed. "
+        "(PET_HOSTS)",
+    )
 
     parser.add_argument(
         "training_script",
@@ -910,6 +922,8 @@ def config_from_namespace(args: argparse.Namespace, environ: Mapping[str, str] |
             hint="drop --preload, or --no-python",
         )
 
+    hosts = _hosts_spec(args.hosts, min_nodes, max_nodes)
+
     return LaunchConfig(
         min_nodes=min_nodes,
         max_nodes=max_nodes,
@@ -953,8 +967,30 @@ def config_from_namespace(args: argparse.Namespace, environ: Mapping[str, str] |
         hang_timeout=hang_timeout,
         summary=bool(args.summary),
         preload=preload,
+        hosts=hosts,
         notices=tuple(notices),
     )
+
+
+def _hosts_spec(value: str | None, min_nodes: int, max_nodes: int) -> str | None:
+    """``--hosts``: checked here only for what needs no host (the agents are reached later)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        raise LaunchConfigError(
+            "--hosts is empty",
+            torchrun_error=None,
+            hint="--hosts local:2, --hosts tcp:10.0.0.5:4100,tcp:10.0.0.6:4100, or a file naming the agents",
+        )
+    if max_nodes != 1:
+        raise LaunchConfigError(
+            f"--hosts and --nnodes={min_nodes}:{max_nodes} do not go together: with --hosts one "
+            "launcher runs every node, and the hosts decide how many nodes there are",
+            torchrun_error=None,
+            hint="drop --nnodes (one launcher with --hosts), or drop --hosts (one launcher per node)",
+        )
+    return value
 
 
 def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> LaunchConfig:
