@@ -772,7 +772,9 @@ def config_from_namespace(args: argparse.Namespace, environ: Mapping[str, str] |
         backend, endpoint, run_id = "c10d", "localhost:0", str(uuid.uuid4())
     elif backend == "static" and not endpoint and args.master_port is None:
         if _parse_nnodes(args.nnodes)[1] == 1:
-            backend, endpoint, run_id = "c10d", "localhost:0", str(uuid.uuid4())
+            backend, endpoint = "c10d", "localhost:0"
+            if args.hosts is None:  # --hosts is a job of several nodes: its id stays, as theirs does
+                run_id = str(uuid.uuid4())
             auto_standalone = True
     master_port: int = _STATIC_DEFAULT_PORT if args.master_port is None else args.master_port
 
