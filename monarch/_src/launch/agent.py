@@ -62,6 +62,7 @@ from . import stacks as stacks_module
 from .command import EntryKind, WorkerCommand
 from .config import LaunchConfig, Std
 from .logs import RunDirs, Tailer, TailFile, line_prefix
+from .preload import auto_preload
 from .rendezvous import FAILURE_REASONS, JobRendezvous, RendezvousInterrupted, Round, RoundEnded, RoundWatch
 from .store import StoreServer
 from .store_client import StoreGone
@@ -593,7 +594,7 @@ class Agent:
             per_host={LABEL: local_world},
             env=lambda point: envs[point.rank],
             name=f"launch{index}",
-            preload=config.preload,
+            preload=self._preload(envs),
         ).flatten(LABEL)  # {"hosts": H, "gpus": n} -> {"gpus": H * n}: one slot per rank
         a.owner = owner = owner_of(a.procs)
         assert owner is not None  # spawned here, so owned here
@@ -610,6 +611,14 @@ class Agent:
         if self.rdzv is not None and rnd is not None:
             a.watch = self.rdzv.watch(rnd, self.post)
         return a
+
+    def _preload(self, envs: list[dict[str, str]]) -> tuple[str, ...]:
+        """``--preload``: the modules given, or by default torch when that is safe (.preload)."""
+        if not self.config.preload_auto:
+            return self.config.preload
+        modules, why = auto_preload(self.target.command, envs)
+        self.log.debug("--preload auto: %s (%s)", ",".join(modules) or "nothing", why)
+        return modules
 
     def _stream_targets(
         self, a: _Attempt, slot: int, attempt_dir: str, scratch: str

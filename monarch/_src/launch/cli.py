@@ -63,6 +63,8 @@ _TORCHRUN_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 _DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 _C10D_DEFAULT_PORT = 29400
 _STATIC_DEFAULT_PORT = 29500
+#: ``--preload`` values that are not module names: the default (decide per run), and off.
+PRELOAD_AUTO, PRELOAD_NONE = "auto", "none"
 _DEFAULT_RDZV_TIMEOUT = 900
 
 
@@ -425,11 +427,14 @@ def build_parser(
     value(
         "--preload",
         type=str,
-        default="",
+        default=PRELOAD_AUTO,
         metavar="MODULE[,MODULE...]",
         help="[monarch] Import these modules once, in a template process the workers are "
         "forked from, instead of once per worker (e.g. torch). Their import sees only the "
-        "environment all workers share. (PET_PRELOAD)",
+        "environment all workers share. Default `auto`: torch, when the script's top-level "
+        "statements before `import torch` are only imports and docstrings and the variables "
+        "torch reads at import (OMP_NUM_THREADS ...) are equal in every rank; `none`: off. "
+        "(PET_PRELOAD)",
     )
     value(
         "--hosts",
@@ -908,7 +913,10 @@ def config_from_namespace(args: argparse.Namespace, environ: Mapping[str, str] |
         if hang_timeout == 0:
             hang_timeout = None
 
-    preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
+    preload_auto = args.preload.strip() == PRELOAD_AUTO
+    preload: tuple[str, ...] = ()
+    if args.preload.strip() not in (PRELOAD_AUTO, PRELOAD_NONE):
+        preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
     bad = [m for m in preload if not all(part.isidentifier() for part in m.split("."))]
     if bad:
         raise LaunchConfigError(
@@ -969,6 +977,7 @@ def config_from_namespace(args: argparse.Namespace, environ: Mapping[str, str] |
         hang_timeout=hang_timeout,
         summary=bool(args.summary),
         preload=preload,
+        preload_auto=preload_auto and not args.no_python,
         hosts=hosts,
         notices=tuple(notices),
     )
