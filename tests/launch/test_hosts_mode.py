@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
-from launch_helpers import Scripts, free_port, monarch_launch
+from launch_helpers import Scripts, clean_env, free_port, monarch_launch
 from multinode_helpers import DUMP_ENV, launcher, read_envs, run_nodes
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(120)]
 
 #: Legitimately different per run: the port of the store the launcher bound.
 RANDOM = {"MASTER_PORT"}
@@ -39,6 +39,7 @@ def hosts_flags(backend: str) -> list[str]:
     return flags
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["c10d", "static"])
 def test_every_rank_sees_the_environment_of_one_launcher_per_node(
     scripts: Scripts, tmp_path: Path, backend: str
@@ -75,6 +76,7 @@ time.sleep(60)  # the workload of the other ranks: only the launcher's teardown 
 """
 
 
+@pytest.mark.slow
 def test_a_failure_on_one_host_stops_every_host_and_is_named(scripts: Scripts) -> None:
     script = scripts.write("fail.py", FAIL_ON_RANK_3)
     run = monarch_launch("--hosts", "local:2", "--nproc-per-node", "2", script, timeout=60)
@@ -96,6 +98,7 @@ if attempt == "0" and rank == "2":
 """
 
 
+@pytest.mark.slow
 def test_a_failure_restarts_the_whole_job_with_a_fresh_rendezvous(scripts: Scripts, tmp_path: Path) -> None:
     script = scripts.write("restart.py", RESTART)
     logs = tmp_path / "logs"
@@ -118,6 +121,7 @@ def test_a_failure_restarts_the_whole_job_with_a_fresh_rendezvous(scripts: Scrip
     assert len(ports[1]) == 1 and ports[0] != ports[1], ports  # every host restarted, on a new store
 
 
+@pytest.mark.slow
 def test_ddp_on_two_hosts_ends_with_the_loss_of_one_node(scripts: Scripts, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from test_multinode_ddp import TRAIN
@@ -131,3 +135,26 @@ def test_ddp_on_two_hosts_ends_with_the_loss_of_one_node(scripts: Scripts, tmp_p
     single, multi = float(one_node.read_text()), float(two_hosts.read_text())
     assert single < 100.0  # it trained (the untrained loss is in the hundreds)
     assert multi == pytest.approx(single, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        (["--hosts", "local:2", "--nnodes", "2"], {}, "--hosts and --nnodes=2:2 do not go together"),
+        (["--hosts", " "], {}, "error: --hosts is empty"),
+        (["--hosts", "tcp:127.0.0.1:1"], {}, "no secret to attach to the host agents with"),
+        (
+            ["--hosts", "unix:/nonexistent/agent.sock"],
+            {"MONARCH_HOST_SECRET": "s"},
+            "nobody listens at host agent",
+        ),
+    ],
+)
+def test_hosts_that_cannot_be_used_are_a_clear_error(
+    scripts: Scripts, flags: list[str], env: dict[str, str], message: str
+) -> None:
+    script = scripts.write("never.py", "raise SystemExit('never started')\n")
+    run = monarch_launch(*flags, script, env=clean_env(**env), timeout=30)
+    assert run.rc == 1, run
+    assert message in run.err and "HINT" in run.err, run
+    assert "never started" not in run.err, run
