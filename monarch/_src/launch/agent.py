@@ -630,37 +630,36 @@ class Agent:
         """
         config = self.config
         assert self.tailer is not None and self.dirs is not None
-        lr, index = a.local_rank(slot), a.index
-        files = config.file_streams(lr) if not self.dirs.disabled else Std.NONE
-        tee = config.tee.get(lr, Std.NONE) if not self.dirs.disabled else Std.NONE
-        visible = config.console_visible(lr)
+        local_rank, index = a.local_rank(slot), a.index
+        files = config.file_streams(local_rank) if not self.dirs.disabled else Std.NONE
+        tee = config.tee.get(local_rank, Std.NONE) if not self.dirs.disabled else Std.NONE
+        visible = config.console_visible(local_rank)
         hang = config.hang_timeout is not None
         template = config.log_line_prefix_template
         if template is None and self.hosts is not None:
             template = HOSTS_LINE_PREFIX
-        prefix = line_prefix(template, config.role, a.rank_offset + slot, lr)
-        lr = slot  # below: the slot's files and the tailer's index
+        prefix = line_prefix(template, config.role, a.rank_offset + slot, local_rank)
         targets: list[str | None] = []
         for bit, name, console, needles in (
             (Std.OUT, "stdout", "stdout", config.duplicate_stdout_filters),
             (Std.ERR, "stderr", "stderr", config.duplicate_stderr_filters),
         ):
             if files & bit:
-                path = os.path.join(attempt_dir, str(lr), f"{name}.log")
+                path = os.path.join(attempt_dir, str(slot), f"{name}.log")
                 open(path, "wb").close()
                 teed = bool(tee & bit) and visible
                 if teed or hang:
                     dup = os.path.join(attempt_dir, f"filtered_{name}.log") if (teed and needles) else None
                     self.tailer.add(
-                        TailFile(path, lr, prefix if teed else None, console, dup, tuple(needles))
+                        TailFile(path, slot, prefix if teed else None, console, dup, tuple(needles))
                     )
                 targets.append(path)
             elif hang:
                 # Console output goes through a private file, so that the launcher sees
                 # when a rank last printed.
-                path = os.path.join(scratch, f"attempt_{index}_rank{lr}.{name}")
+                path = os.path.join(scratch, f"attempt_{index}_rank{slot}.{name}")
                 open(path, "wb").close()
-                self.tailer.add(TailFile(path, lr, "" if visible else None, console))
+                self.tailer.add(TailFile(path, slot, "" if visible else None, console))
                 targets.append(path)
             elif not visible:
                 targets.append(os.devnull)
