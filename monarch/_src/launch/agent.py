@@ -340,7 +340,7 @@ class Agent:
             from monarch._src.host.hosts_config import hosts_from_value
 
             self.hosts = hosts_from_value(config.hosts, "--hosts")  # attaches in the background
-            self.host_names = [str(h.agent) for h in self.hosts._hosts]
+            self.host_names = self.hosts.agent_addresses
 
     # -- events from other threads (and signal handlers) ------------------------------------------
 
