@@ -8,9 +8,11 @@ Two workloads, each with 2 and 4 ranks, run to completion:
 
 Runs are interleaved (torchrun, monarch, torchrun, monarch ...) after one warm-up of each,
 so both see the same machine load; the table shows medians, the ratio monarch/torchrun,
-and whether the target (at most half of torchrun's wall time) is met. For ``gloo`` a third
-launcher runs in the same rotation: ``monarch.launch --preload torch`` (workers forked from
-one template that imported torch once).
+and whether the target (at most half of torchrun's wall time) is met. ``monarch.launch`` is
+the default, which for ``gloo`` forks the workers from one template that imported torch once
+(the script imports torch first: ``--preload`` decides it is safe); for ``gloo`` a third
+launcher runs in the same rotation: ``monarch.launch --preload none`` (each worker imports
+torch itself).
 
     .venv/bin/python benchmarks/bench_launch.py                      # 5 rounds
     .venv/bin/python benchmarks/bench_launch.py --rounds 3 --results benchmarks/RESULTS.md
@@ -46,7 +48,7 @@ GLOO = (
 )
 WORKLOADS = {"print": PRINT_RANK, "gloo": GLOO}
 IMPORTS_TORCH = {"gloo"}
-PRELOAD = "monarch.launch --preload torch"
+NO_PRELOAD = "monarch.launch --preload none"
 
 
 def _env() -> dict[str, str]:
@@ -84,7 +86,7 @@ def main() -> None:
         sys.exit("torchrun not found (install torch into this venv)")
     monarch = [sys.executable, "-m", "monarch.launch"]
     launchers = {"torchrun": [torchrun], "monarch.launch": monarch}
-    preloading = {**launchers, PRELOAD: [*monarch, "--preload", "torch"]}
+    preloading = {**launchers, NO_PRELOAD: [*monarch, "--preload", "none"]}
     nprocs = [int(n) for n in args.nprocs.split(",")]
     workloads = args.workloads.split(",")
 
@@ -121,14 +123,15 @@ def main() -> None:
         "interleaved runs after one warm-up each).",
         "Wall time of one launch to completion, from starting the launcher to its exit. `print`: "
         'each rank prints its rank. `gloo`: each rank imports torch, `init_process_group("gloo")`, '
-        "barrier, `destroy_process_group()`. Target: monarch.launch at most half of torchrun.",
+        "barrier, `destroy_process_group()`. Target: monarch.launch at most half of torchrun. "
+        "monarch.launch's default preloads torch for `gloo` (the script imports torch first).",
         "",
-        f"| workload | ranks | torchrun s | monarch.launch s | ratio | target (<= 0.5) | `{PRELOAD}` s | ratio | runs (torchrun / monarch / preload) |",
+        f"| workload | ranks | torchrun s | monarch.launch s | ratio | target (<= 0.5) | `{NO_PRELOAD}` s | ratio | runs (torchrun / monarch / no preload) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, n, t_med, m_med, ratio, times in rows:
         runs = " / ".join(" ".join(f"{x:.2f}" for x in xs) for xs in times.values())
-        pre = times.get(PRELOAD)
+        pre = times.get(NO_PRELOAD)
         pre_cells = f"{statistics.median(pre):.2f} | {statistics.median(pre) / t_med:.2f}" if pre else "— | —"
         lines.append(
             f"| {name} | {n} | {t_med:.2f} | {m_med:.2f} | {ratio:.2f} | {'met' if ratio <= 0.5 else 'missed'} "

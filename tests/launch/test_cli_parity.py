@@ -33,7 +33,13 @@ from monarch._src.launch.cli import (
 from monarch._src.launch.command import EntryKind, build_worker_command
 from monarch._src.launch.config import LaunchConfig, LaunchConfigError, Std, parse_std, std_to_map
 
-OUR_DESTS = {"kill_grace_period": 30.0, "hang_timeout": None, "summary": False, "preload": ""}
+OUR_DESTS = {
+    "kill_grace_period": 30.0,
+    "hang_timeout": None,
+    "summary": False,
+    "preload": "auto",
+    "hosts": None,
+}
 
 # Variables that change what either parser or config builder sees.
 _ENV_KNOBS = (

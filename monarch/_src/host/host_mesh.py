@@ -167,6 +167,14 @@ class HostMesh(MeshTrait):
         return self._owner.shutdown()
 
     @property
+    def agent_addresses(self) -> list[str]:
+        """The host agents' addresses, by host rank (empty for this machine): what messages
+        about a host name it by (e.g. the launcher's failure summary)."""
+        if self._hosts is None:
+            return []
+        return [str(self._hosts[r].agent) for r in self._host_shape.ranks()]
+
+    @property
     def initialized(self) -> Future[bool]:
         """Resolves once every host can spawn processes; fails, naming the host agent's address,
         if one cannot be attached to (unreachable, a wrong secret, no session started)."""

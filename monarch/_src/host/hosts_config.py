@@ -47,6 +47,14 @@ def hosts_from_config(name: str) -> HostMesh:
     return _hosts_from(name, value.strip(), allow_file=True)
 
 
+def hosts_from_value(value: str, source: str) -> HostMesh:
+    """:func:`hosts_from_config` for a value given directly (e.g. a command-line flag);
+    ``source`` names where it came from in error messages."""
+    if not value.strip():
+        raise _error(source, "the value is empty")
+    return _hosts_from(source, value.strip(), allow_file=True)
+
+
 def _hosts_from(name: str, value: str, allow_file: bool) -> HostMesh:
     scheme, colon, rest = value.partition(":")
     if colon and scheme == "local":

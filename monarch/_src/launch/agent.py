@@ -23,6 +23,12 @@ with a round of the job's rendezvous (:mod:`.rendezvous`), which gives the ranks
 workers' store; the end of a round is shared: a failure on any node, a lost node or a new
 one stops every node's workers, and the job's restart budget decides what follows.
 
+In single-controller mode (``--hosts``) this one launcher runs every node: the ranks are
+spawned through the host agents of ``--hosts`` (``HostMesh.spawn_procs``), host ``i`` is
+``GROUP_RANK`` ``i``, the workers' store is the launcher's own, and one attempt spans
+every host, so a failure anywhere ends it everywhere and a restart restarts the whole job.
+The attempt's slots are then the global ranks (``nproc_per_node`` per host, host-major).
+
 The agent is plain Python driven by one thread (the command line's main thread, so that
 signal handlers can post to it; a background thread in the library form).
 """
@@ -56,6 +62,7 @@ from . import stacks as stacks_module
 from .command import EntryKind, WorkerCommand
 from .config import LaunchConfig, Std
 from .logs import RunDirs, Tailer, TailFile, line_prefix
+from .preload import auto_preload
 from .rendezvous import FAILURE_REASONS, JobRendezvous, RendezvousInterrupted, Round, RoundEnded, RoundWatch
 from .store import StoreServer
 from .store_client import StoreGone
@@ -66,6 +73,8 @@ from .worker_env import default_master_addr, error_file_path, worker_env_vars
 __all__ = ["Agent", "Outcome", "Target", "signal_process_group"]
 
 LABEL = "gpus"
+#: The tee prefix in single-controller mode, unless TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE is set.
+HOSTS_LINE_PREFIX = "[${role_name}${rank}]:"
 #: Bound on waiting for SIGKILLed workers to be reaped (D-state processes never are).
 KILL_WAIT_S = 30.0
 #: How often the agent wakes up without events while timers are armed.
@@ -232,9 +241,19 @@ Event = SignalReceived | DumpRequested | WorkerExited | FunctionReturned | Round
 
 
 class _Attempt:
-    def __init__(self, index: int, nproc: int, rnd: Round | None = None) -> None:
+    """One attempt's workers, by *slot*: the ranks this launcher runs (its node's local ranks,
+    or every rank in single-controller mode)."""
+
+    def __init__(
+        self, index: int, nproc: int, rnd: Round | None = None, local_world: int | None = None
+    ) -> None:
         self.index = index
         self.nproc = nproc
+        #: ranks per node: slot ``i`` is local rank ``i % local_world`` of node ``i // local_world``.
+        self.local_world = local_world or nproc
+        #: the workers run on host agents' machines (single-controller mode): their pids are not
+        #: this machine's, so they are signalled through their Runner.
+        self.remote = False
         #: the multi-node rendezvous round this attempt runs in (None: a single-node job).
         self.round = rnd
         self.rank_offset = rnd.rank_offset if rnd is not None else 0
@@ -265,6 +284,14 @@ class _Attempt:
     def alive(self) -> list[bool]:
         return [c is None for c in self.exit_codes]
 
+    def local_rank(self, slot: int) -> int:
+        return slot % self.local_world
+
+    def node(self, slot: int) -> int:
+        """The group rank of the node that runs ``slot``."""
+        base = self.round.group_rank if self.round is not None else 0
+        return base + slot // self.local_world
+
 
 class Agent:
     """Runs a launch to its end; see the module docstring.
@@ -283,6 +310,8 @@ class Agent:
         launcher_env: Mapping[str, str],
         log: logging.Logger,
     ) -> None:
+        if target.is_call and config.hosts is not None:
+            raise ValueError("the library form runs on this machine; hosts= (--hosts) needs a script")
         if target.is_call and not config.is_single_node:
             raise ValueError(
                 f"the library form runs single-node jobs; --nnodes={config.min_nodes}:{config.max_nodes} "
@@ -303,6 +332,15 @@ class Agent:
         if not config.is_single_node:
             self.rdzv = JobRendezvous(config, log, self._host_worker_store)
         self._round_store: StoreServer | None = None
+        #: single-controller mode: the hosts every attempt spawns its ranks on.
+        self.hosts: Any = None
+        #: their agents' addresses, by group rank (the failure summary's ``host``).
+        self.host_names: list[str] = []
+        if config.hosts is not None:
+            from monarch._src.host.hosts_config import hosts_from_value
+
+            self.hosts = hosts_from_value(config.hosts, "--hosts")  # attaches in the background
+            self.host_names = self.hosts.agent_addresses
 
     # -- events from other threads (and signal handlers) ------------------------------------------
 
@@ -331,6 +369,8 @@ class Agent:
             )
         self.tailer = Tailer()
         try:
+            if self.hosts is not None:
+                self._wait_for_hosts()
             return self._run_attempts()
         except RendezvousInterrupted as stop:
             self.log.warning("Received %s death signal while waiting for the other nodes", stop.signum)
@@ -340,6 +380,8 @@ class Agent:
                 self.rdzv.close()
             if self.tailer is not None:
                 self.tailer.stop()
+            if self.hosts is not None:
+                self._release_hosts()
             output_writer.flush_all(2.0)
             if self.dirs is not None:
                 self.dirs.cleanup()
@@ -387,6 +429,26 @@ class Agent:
                 cause=a.causes.get(root_rank),
                 reports=reports,
             )
+
+    def _wait_for_hosts(self) -> None:
+        """Every host's agent started a session for this launcher, or a clear error."""
+        from monarch._src.runtime.config import CONFIG
+
+        try:
+            self.hosts.initialized.get(timeout=CONFIG.host_attach_timeout_s + 5.0)
+        except TimeoutError as err:
+            raise RuntimeError(
+                f"--hosts {self.config.hosts}: the host agents did not all answer within "
+                f"{CONFIG.host_attach_timeout_s + 5.0:.0f} s\n"
+                "HINT: check that `python -m monarch.host` runs at each address"
+            ) from err
+
+    def _release_hosts(self) -> None:
+        """End this launcher's sessions on the hosts (and, for ``local:N``, the agents)."""
+        try:
+            self.hosts.shutdown().get(timeout=10.0)
+        except Exception as err:  # the run's outcome stands; the agents' own watch cleans up
+            self.log.warning("could not release the hosts of --hosts: %s", err)
 
     def _rendezvous(self) -> Round | None:
         """The next round of a multi-node job (logged like torchrun's result), else None."""
@@ -441,8 +503,11 @@ class Agent:
 
     def _start_attempt(self, index: int, rnd: Round | None) -> _Attempt:
         config = self.config
-        nproc = config.nproc_per_node
-        a = _Attempt(index, nproc, rnd)
+        local_world = config.nproc_per_node
+        nodes = len(self.host_names) if self.hosts is not None else 1
+        nproc = nodes * local_world
+        a = _Attempt(index, nproc, rnd, local_world)
+        a.remote = self.hosts is not None
         self.attempt = a
         assert self.dirs is not None and self.tailer is not None
         attempt_dir = self.dirs.attempt_dir(index, nproc)
@@ -472,20 +537,22 @@ class Agent:
                 master_port = a.store.port
             else:
                 master_port = port or _free_port(master_addr)
-            layout = dict(restart_count=index)
+            layout = dict(restart_count=index, group_world_size=nodes)
 
         hang = config.hang_timeout is not None
         scratch = self.dirs.scratch() if (hang or config.summary) else ""
         envs: list[dict[str, str]] = []
         specs: list[WorkerSpec] = []
-        for lr in range(nproc):
+        for lr in range(nproc):  # slots: local ranks, or global ranks with --hosts
             error_file = error_file_path(config, attempt_dir, lr)
             a.error_files[lr] = error_file
             env = dict(self.env)
+            if rnd is None:
+                layout["node_rank"] = a.node(lr)
             env.update(
                 worker_env_vars(
                     config,
-                    lr,
+                    a.local_rank(lr),
                     master_addr=master_addr,
                     master_port=master_port,
                     error_file=error_file,
@@ -496,7 +563,7 @@ class Agent:
                 )
             )
             envs.append(env)
-            out, err = self._stream_targets(lr, a.rank_offset + lr, attempt_dir, scratch, index)
+            out, err = self._stream_targets(a, lr, attempt_dir, scratch)
             if config.summary:
                 a.stats_files[lr] = os.path.join(scratch, f"attempt_{index}_rank{lr}.rss")
             specs.append(
@@ -522,12 +589,13 @@ class Agent:
                     open(os.path.join(attempt_dir, name), "ab").close()
 
         a.start = a.last_exit = time.monotonic()
-        a.procs = this_host().spawn_procs(
-            per_host={LABEL: nproc},
+        hosts = self.hosts if self.hosts is not None else this_host()
+        a.procs = hosts.spawn_procs(
+            per_host={LABEL: local_world},
             env=lambda point: envs[point.rank],
             name=f"launch{index}",
-            preload=config.preload,
-        )
+            preload=self._preload(envs),
+        ).flatten(LABEL)  # {"hosts": H, "gpus": n} -> {"gpus": H * n}: one slot per rank
         a.owner = owner = owner_of(a.procs)
         assert owner is not None  # spawned here, so owned here
         a.pids = owner.pids
@@ -544,38 +612,54 @@ class Agent:
             a.watch = self.rdzv.watch(rnd, self.post)
         return a
 
+    def _preload(self, envs: list[dict[str, str]]) -> tuple[str, ...]:
+        """``--preload``: the modules given, or by default torch when that is safe (.preload)."""
+        if not self.config.preload_auto:
+            return self.config.preload
+        modules, why = auto_preload(self.target.command, envs)
+        self.log.debug("--preload auto: %s (%s)", ",".join(modules) or "nothing", why)
+        return modules
+
     def _stream_targets(
-        self, lr: int, rank: int, attempt_dir: str, scratch: str, index: int
+        self, a: _Attempt, slot: int, attempt_dir: str, scratch: str
     ) -> tuple[str | None, str | None]:
-        """Where fd 1 and fd 2 of local rank ``lr`` point, and what the tailer watches."""
+        """Where fd 1 and fd 2 of ``slot`` point, and what the tailer watches.
+
+        The files are ``attempt_<n>/<slot>/``: by local rank, or by global rank with
+        ``--hosts`` (whose prefix then names the global rank: local ranks repeat across hosts).
+        """
         config = self.config
         assert self.tailer is not None and self.dirs is not None
-        files = config.file_streams(lr) if not self.dirs.disabled else Std.NONE
-        tee = config.tee.get(lr, Std.NONE) if not self.dirs.disabled else Std.NONE
-        visible = config.console_visible(lr)
+        local_rank, index = a.local_rank(slot), a.index
+        files = config.file_streams(local_rank) if not self.dirs.disabled else Std.NONE
+        tee = config.tee.get(local_rank, Std.NONE) if not self.dirs.disabled else Std.NONE
+        visible = config.console_visible(local_rank)
         hang = config.hang_timeout is not None
-        prefix = line_prefix(config.log_line_prefix_template, config.role, rank, lr)
+        template = config.log_line_prefix_template
+        if template is None and self.hosts is not None:
+            template = HOSTS_LINE_PREFIX
+        prefix = line_prefix(template, config.role, a.rank_offset + slot, local_rank)
         targets: list[str | None] = []
         for bit, name, console, needles in (
             (Std.OUT, "stdout", "stdout", config.duplicate_stdout_filters),
             (Std.ERR, "stderr", "stderr", config.duplicate_stderr_filters),
         ):
             if files & bit:
-                path = os.path.join(attempt_dir, str(lr), f"{name}.log")
+                path = os.path.join(attempt_dir, str(slot), f"{name}.log")
                 open(path, "wb").close()
                 teed = bool(tee & bit) and visible
                 if teed or hang:
                     dup = os.path.join(attempt_dir, f"filtered_{name}.log") if (teed and needles) else None
                     self.tailer.add(
-                        TailFile(path, lr, prefix if teed else None, console, dup, tuple(needles))
+                        TailFile(path, slot, prefix if teed else None, console, dup, tuple(needles))
                     )
                 targets.append(path)
             elif hang:
                 # Console output goes through a private file, so that the launcher sees
                 # when a rank last printed.
-                path = os.path.join(scratch, f"attempt_{index}_rank{lr}.{name}")
+                path = os.path.join(scratch, f"attempt_{index}_rank{slot}.{name}")
                 open(path, "wb").close()
-                self.tailer.add(TailFile(path, lr, "" if visible else None, console))
+                self.tailer.add(TailFile(path, slot, "" if visible else None, console))
                 targets.append(path)
             elif not visible:
                 targets.append(os.devnull)
@@ -672,6 +756,8 @@ class Agent:
         return max(0.0, min(waits)) if waits else None
 
     def _sample_rss(self, a: _Attempt) -> None:
+        if a.remote:
+            return  # other machines' pids (the workers report their peak at exit)
         for lr, pid in enumerate(a.pids):
             if a.exit_codes[lr] is None:
                 value = _peak_rss_kib(pid)
@@ -688,9 +774,9 @@ class Agent:
         return True
 
     def _add_failure(
-        self, a: _Attempt, local_rank: int, code: int, cause: BaseException | None = None
+        self, a: _Attempt, slot: int, code: int, cause: BaseException | None = None
     ) -> ProcessFailure:
-        rank = a.rank_offset + local_rank
+        rank = a.rank_offset + slot
         if rank in a.failures:
             return a.failures[rank]
         message = None
@@ -701,13 +787,14 @@ class Agent:
         elif self.target.is_call and code == 0:
             message = "the worker exited before the function returned"
         a.failures[rank] = failure = ProcessFailure(
-            local_rank=local_rank,
+            local_rank=a.local_rank(slot),
             rank=rank,
-            pid=a.pids[local_rank],
+            pid=a.pids[slot],
             exitcode=code,
-            error_file=a.error_files[local_rank],
+            error_file=a.error_files[slot],
             message=message,
-            node=a.round.group_rank if a.round is not None else None,
+            host=self.host_names[a.node(slot)] if self.hosts is not None else "",
+            node=a.node(slot) if (a.round is not None or self.hosts is not None) else None,
         )
         return failure
 
@@ -788,7 +875,7 @@ class Agent:
         for lr, code in enumerate(a.exit_codes):
             if code is None:
                 self.log.warning("Sending process %s closing signal %s", a.pids[lr], sig_name)
-                signal_process_group(a.pids[lr], sig)
+                self._signal_worker(a, lr, sig)
         if self._wait_for_exits(a, time.monotonic() + grace, escalate=True):
             return
         for lr, code in enumerate(a.exit_codes):
@@ -799,12 +886,23 @@ class Agent:
                     sig_name,
                     signal.SIGKILL.name,
                 )
-                signal_process_group(a.pids[lr], signal.SIGKILL)
+                self._signal_worker(a, lr, signal.SIGKILL)
         if not self._wait_for_exits(a, time.monotonic() + KILL_WAIT_S, escalate=False):
             self.log.error(
                 "some workers did not exit after SIGKILL: %s",
                 [a.pids[i] for i, c in enumerate(a.exit_codes) if c is None],
             )
+
+    def _signal_worker(self, a: _Attempt, slot: int, sig: int) -> None:
+        """``sig`` to the worker's process group: directly on this machine; on a host agent's
+        machine the worker sends it to itself (SIGKILL: its host's session kills it)."""
+        if not a.remote:
+            signal_process_group(a.pids[slot], sig)
+        elif sig == signal.SIGKILL or a.runner is None:
+            if sig == signal.SIGKILL and a.owner is not None:
+                a.owner.kill()  # every live worker of the attempt, on every host
+        else:
+            a.runner.slice(**{LABEL: slot}).signal_group.broadcast(sig)
 
     def _wait_for_exits(self, a: _Attempt, deadline: float, escalate: bool) -> bool:
         """Process events until every worker exited (True) or ``deadline`` (False).
@@ -885,5 +983,7 @@ class Agent:
                     pass
             end = a.exit_times[lr]
             wall = (end if end is not None else time.monotonic()) - a.start
-            out.append(RankReport(a.rank_offset + lr, lr, a.pids[lr], a.exit_codes[lr], wall, peak))
+            out.append(
+                RankReport(a.rank_offset + lr, a.local_rank(lr), a.pids[lr], a.exit_codes[lr], wall, peak)
+            )
         return out

@@ -63,6 +63,8 @@ _TORCHRUN_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 _DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 _C10D_DEFAULT_PORT = 29400
 _STATIC_DEFAULT_PORT = 29500
+#: ``--preload`` values that are not module names: the default (decide per run), and off.
+PRELOAD_AUTO, PRELOAD_NONE = "auto", "none"
 _DEFAULT_RDZV_TIMEOUT = 900
 
 
@@ -425,11 +427,26 @@ def build_parser(
     value(
         "--preload",
         type=str,
-        default="",
+        default=PRELOAD_AUTO,
         metavar="MODULE[,MODULE...]",
         help="[monarch] Import these modules once, in a template process the workers are "
         "forked from, instead of once per worker (e.g. torch). Their import sees only the "
-        "environment all workers share. (PET_PRELOAD)",
+        "environment all workers share. Default `auto`: torch, when the script's top-level "
+        "statements before `import torch` are only imports and docstrings and the variables "
+        "torch reads at import (OMP_NUM_THREADS ...) are equal in every rank; `none`: off. "
+        "(PET_PRELOAD)",
+    )
+    value(
+        "--hosts",
+        type=str,
+        default=None,
+        metavar="SPEC",
+        help="[monarch] Single-controller mode: this launcher alone starts --nproc-per-node "
+        "workers on every host of SPEC, through their host agents (`python -m monarch.host`). "
+        "SPEC is what hosts_from_config accepts: local:N (N agents on this machine), agent "
+        "addresses (tcp:HOST:PORT,... with MONARCH_HOST_SECRET or MONARCH_HOST_SECRET_FILE "
+        "set), or a file naming them. Host i is GROUP_RANK i; no other launcher is needed. "
+        "(PET_HOSTS)",
     )
 
     parser.add_argument(
@@ -760,7 +777,9 @@ def config_from_namespace(args: argparse.Namespace, environ: Mapping[str, str] |
         backend, endpoint, run_id = "c10d", "localhost:0", str(uuid.uuid4())
     elif backend == "static" and not endpoint and args.master_port is None:
         if _parse_nnodes(args.nnodes)[1] == 1:
-            backend, endpoint, run_id = "c10d", "localhost:0", str(uuid.uuid4())
+            backend, endpoint = "c10d", "localhost:0"
+            if args.hosts is None:  # --hosts is a job of several nodes: its id stays, as theirs does
+                run_id = str(uuid.uuid4())
             auto_standalone = True
     master_port: int = _STATIC_DEFAULT_PORT if args.master_port is None else args.master_port
 
@@ -894,7 +913,10 @@ def config_from_namespace(args: argparse.Namespace, environ: Mapping[str, str] |
         if hang_timeout == 0:
             hang_timeout = None
 
-    preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
+    preload_auto = args.preload.strip() == PRELOAD_AUTO
+    preload: tuple[str, ...] = ()
+    if args.preload.strip() not in (PRELOAD_AUTO, PRELOAD_NONE):
+        preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
     bad = [m for m in preload if not all(part.isidentifier() for part in m.split("."))]
     if bad:
         raise LaunchConfigError(
@@ -909,6 +931,8 @@ def config_from_namespace(args: argparse.Namespace, environ: Mapping[str, str] |
             torchrun_error=None,
             hint="drop --preload, or --no-python",
         )
+
+    hosts = _hosts_spec(args.hosts, min_nodes, max_nodes)
 
     return LaunchConfig(
         min_nodes=min_nodes,
@@ -953,8 +977,31 @@ def config_from_namespace(args: argparse.Namespace, environ: Mapping[str, str] |
         hang_timeout=hang_timeout,
         summary=bool(args.summary),
         preload=preload,
+        preload_auto=preload_auto and not args.no_python,
+        hosts=hosts,
         notices=tuple(notices),
     )
+
+
+def _hosts_spec(value: str | None, min_nodes: int, max_nodes: int) -> str | None:
+    """``--hosts``: checked here only for what needs no host (the agents are reached later)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        raise LaunchConfigError(
+            "--hosts is empty",
+            torchrun_error=None,
+            hint="--hosts local:2, --hosts tcp:10.0.0.5:4100,tcp:10.0.0.6:4100, or a file naming the agents",
+        )
+    if max_nodes != 1:
+        raise LaunchConfigError(
+            f"--hosts and --nnodes={min_nodes}:{max_nodes} do not go together: with --hosts one "
+            "launcher runs every node, and the hosts decide how many nodes there are",
+            torchrun_error=None,
+            hint="drop --nnodes (one launcher with --hosts), or drop --hosts (one launcher per node)",
+        )
+    return value
 
 
 def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> LaunchConfig:

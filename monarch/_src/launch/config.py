@@ -258,6 +258,13 @@ class LaunchConfig:
     """Ours: print a per-rank summary (exit code, wall time, peak RSS) at the end."""
     preload: tuple[str, ...] = ()
     """Ours: modules imported once in a template process the workers are forked from."""
+    preload_auto: bool = False
+    """Ours: the default ``--preload``: preload torch when the script and the ranks'
+    environments make that invisible to the script (decided per run, see ``.preload``)."""
+    hosts: str | None = None
+    """Ours: single-controller mode. A ``hosts_from_config`` value (``local:N``, agent
+    addresses, or a file naming them): this one launcher starts ``nproc_per_node`` ranks on
+    every host's agent; ``None`` = the ranks run on this machine."""
 
     # -- diagnostics -------------------------------------------------------------------
     notices: tuple[str, ...] = field(default=())

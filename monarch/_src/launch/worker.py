@@ -135,6 +135,16 @@ class Runner(Actor):
         """The Python stack of every thread of this process, main thread first."""
         return format_stacks()
 
+    @endpoint
+    async def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to this worker's process group, as the launcher does by pid on its
+        own machine; for a worker on another machine (``--hosts``) this is how it is done."""
+        pid = os.getpid()
+        if os.getpgid(0) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+
 
 # -- the main-thread jobs ------------------------------------------------------------------------
 
