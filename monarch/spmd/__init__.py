@@ -10,5 +10,6 @@
 from monarch._src.spmd.actor import SPMDActor as SPMDActor
 from monarch._src.spmd.actor import setup_torch_elastic_env as setup_torch_elastic_env
 from monarch._src.spmd.actor import setup_torch_elastic_env_async as setup_torch_elastic_env_async
+from monarch._src.spmd.host_mesh import host_mesh_from_store as host_mesh_from_store
 
-__all__ = ["SPMDActor", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
+__all__ = ["SPMDActor", "host_mesh_from_store", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
