@@ -147,6 +147,7 @@ with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}"), "w") as f:
 dist.destroy_process_group()
 if sys.argv[2:] == ["fail"]:
     raise RuntimeError("the script failed on purpose")
+sys.exit(3 if sys.argv[2:] == ["exit3"] else 0)  # sys.exit(0) ends the script, not the actor
 """
 
 
@@ -166,7 +167,9 @@ def test_main_runs_a_script_per_rank(tmp_path: os.PathLike[str]) -> None:
             with open(os.path.join(tmp_path, f"rank{rank}")) as f:
                 assert f.read() == f"1.0 2 {script}"
         with pytest.raises(ActorError, match="failed on purpose"):
-            actors.main.call(host, port + 0, [script, str(tmp_path), "fail"]).get()
+            actors.main.call(host, port, [script, str(tmp_path), "fail"]).get()
+        with pytest.raises(ActorError, match="exited with 3"):
+            actors.main.call(host, port, [script, str(tmp_path), "exit3"]).get()
         with pytest.raises(ActorError, match="No script or module specified"):
             actors.main.call(host, port, []).get()
     finally:

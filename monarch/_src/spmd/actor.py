@@ -85,15 +85,20 @@ class SPMDActor(Actor):
                 "No script or module specified\nHINT: pass [path, *args] or ['-m', module, *args]."
             )
         self.setup_env(master_addr, master_port)
-        if script_args[0] == "-m":
-            if len(script_args) < 2:
-                raise ValueError("No script or module specified\nHINT: '-m' takes a module name.")
-            module = script_args[1]
-            sys.argv = [module, *script_args[2:]]
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = list(script_args)
-            runpy.run_path(script_args[0], run_name="__main__")
+        try:
+            if script_args[0] == "-m":
+                if len(script_args) < 2:
+                    raise ValueError("No script or module specified\nHINT: '-m' takes a module name.")
+                module = script_args[1]
+                sys.argv = [module, *script_args[2:]]
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = list(script_args)
+                runpy.run_path(script_args[0], run_name="__main__")
+        except SystemExit as e:
+            # A script's sys.exit() ends the script, not the actor's process.
+            if e.code not in (None, 0):
+                raise RuntimeError(f"{' '.join(script_args)} exited with {e.code!r}") from None
         return True
 
 
