@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 from helpers import alive, wait_while
-from launch_helpers import TORCHRUN, Scripts, clean_env, free_port
-from multinode_helpers import launcher, run_nodes
+from launch_helpers import TORCHRUN, Scripts, _popen, clean_env, free_port
+from multinode_helpers import finish, launcher, run_nodes
 
 pytest.importorskip("torch")
 
@@ -36,7 +37,8 @@ class Where(Actor):
 out = sys.argv[1]
 dist.init_process_group("gloo")
 store = dist.distributed_c10d._get_default_store()
-hosts = host_mesh_from_store(store)
+transport, port = os.environ.get("BRIDGE_TRANSPORT", "ipc"), int(os.environ.get("BRIDGE_PORT", "0"))
+hosts = host_mesh_from_store(store, transport=transport, monarch_port=port)
 rank = int(os.environ["RANK"])
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
     json.dump(None if hosts is None else dict(hosts.extent), f)
@@ -99,3 +101,32 @@ def test_rank0_gets_a_host_mesh_over_both_nodes(
     assert all(len(bytes.fromhex(stored[f"monarch/spmd/sealed/{g}"])) == 32 for g in (0, 1))
     assert stored["monarch/spmd/sealed/0"] != stored["monarch/spmd/sealed/1"]  # one pad per node
     assert all(stored[f"monarch/spmd/workers/{g}"].startswith("unix:") for g in (0, 1))
+
+
+def test_tcp_transport_across_two_addresses(scripts: Scripts, tmp_path: Path) -> None:
+    """Two "machines" on 127.0.0.1 and 127.0.0.2, agents on the same fixed port (torchrun:
+    a fresh process may still choose its transport)."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun is not installed in this environment")
+    script = scripts.write("bridge.py", SCRIPT)
+    mark, port = uuid.uuid4().hex, free_port()
+    master = str(free_port())
+
+    def node(rank: int, host: str) -> subprocess.Popen[str]:
+        argv = launcher("torchrun") + [
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "static", "--node-rank", str(rank),
+            "--master-addr", "127.0.0.1", "--master-port", master, script, str(tmp_path),
+        ]  # fmt: skip
+        env = clean_env(
+            SPMD_TEST_MARK=mark, BRIDGE_TRANSPORT="tcp", BRIDGE_PORT=str(port), MONARCH_TCP_BIND_HOST=host
+        )
+        return _popen(argv, env, None)
+
+    nodes = [node(0, "127.0.0.1"), node(1, "127.0.0.2")]
+    runs = finish(nodes, timeout=150)
+    assert [r.rc for r in runs] == [0, 0], runs
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert [node for node, _ in result["where"]] == [0, 0, 1, 1]
+    workers = sorted(result["store"][f"monarch/spmd/workers/{g}"] for g in (0, 1))
+    assert workers == [f"tcp:127.0.0.1:{port}", f"tcp:127.0.0.2:{port}"]
+    assert wait_while(lambda: ours(mark)) == []
