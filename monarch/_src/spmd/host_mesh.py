@@ -22,8 +22,6 @@ import hashlib
 import os
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -130,9 +128,9 @@ class _LocalAgent:
     """The host agent a node's local rank 0 runs for the job, listening for rank 0 only."""
 
     def __init__(self, secret: bytes, transport: str, port: int, name: str) -> None:
-        from monarch._src.host.spawner import secret_pipe, worker_pythonpath
+        from monarch._src.host.hosts_config import start_local_agent
         from monarch._src.runtime.config import CONFIG
-        from monarch._src.transport.address import listen_tcp, listen_unix, of_listening_socket
+        from monarch._src.transport.address import listen_tcp, listen_unix
 
         self.directory: str | None = None
         if transport == "ipc":
@@ -140,25 +138,7 @@ class _LocalAgent:
             sock = listen_unix(os.path.join(self.directory, name))
         else:
             sock = listen_tcp(CONFIG.tcp_bind_host, port)
-        secret_r = secret_pipe(secret)
-        try:
-            self.address = of_listening_socket(sock)
-            env = dict(os.environ, PYTHONPATH=worker_pythonpath(os.environ.get("PYTHONPATH")))
-            command = [sys.executable, "-m", "monarch.host", "--listen-fd", str(sock.fileno())]
-            command += [
-                "--secret-fd",
-                str(secret_r),
-                "--once",
-                "--exit-with-parent",
-                "--log-level",
-                "warning",
-            ]
-            self.proc = subprocess.Popen(
-                command, pass_fds=(sock.fileno(), secret_r), env=env, start_new_session=True
-            )
-        finally:
-            sock.close()
-            os.close(secret_r)
+        self.address, self.proc = start_local_agent(sock, secret, os.environ)
         atexit.register(self.stop)
 
     def stop(self) -> None:
