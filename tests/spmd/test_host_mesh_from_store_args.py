@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from helpers import run_python
 
 from monarch.spmd import host_mesh_from_store
 
@@ -46,3 +47,18 @@ def test_transport_and_port_are_checked() -> None:
 def test_a_rank_that_is_not_local_rank_0_only_returns_none() -> None:
     job = {"rank": 1, "local_rank": 1, "world_size": 2, "local_world_size": 2}
     assert host_mesh_from_store(NoStore(), **job) is None
+
+
+def test_tcp_in_a_process_already_on_unix_sockets_says_what_to_do() -> None:
+    # As inside a python -m monarch.launch rank: the runtime already runs, on Unix sockets.
+    code = """
+from monarch.actor import this_proc
+from monarch.spmd import host_mesh_from_store
+this_proc()
+try:
+    host_mesh_from_store(None, transport="tcp", monarch_port=26600, rank=0, local_rank=0, world_size=1, local_world_size=1)
+except RuntimeError as e:
+    print(e)
+"""
+    out = run_python(code, timeout=30).stdout
+    assert "host_mesh_from_store(transport='tcp')" in out and "use transport='ipc'" in out, out

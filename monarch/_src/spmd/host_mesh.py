@@ -181,7 +181,14 @@ def host_mesh_from_store(
         if transport == "tcp":
             from monarch._src.runtime.transport_choice import enable_transport
 
-            enable_transport("tcp")  # the agents' sessions connect back to this process
+            try:
+                enable_transport("tcp")  # the agents' sessions connect back to this process
+            except RuntimeError as e:
+                raise RuntimeError(
+                    f"host_mesh_from_store(transport='tcp'): {e}\nHINT: under python -m monarch.launch "
+                    "each rank is a monarch proc already listening on a Unix socket: use transport='ipc' "
+                    "(one machine), or start the job with torchrun for tcp."
+                ) from None
         client = _KeyPair()
         store.set(KEY_PREFIX + "client_key", client.public)
     if job.local_rank == 0:
