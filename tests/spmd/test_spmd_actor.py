@@ -91,6 +91,7 @@ def two_hosts() -> Iterator[HostMesh]:
         hosts.shutdown().get()
 
 
+@pytest.mark.slow
 def test_one_host_mesh_runs_gloo_all_reduce() -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 3})
     try:
@@ -100,6 +101,7 @@ def test_one_host_mesh_runs_gloo_all_reduce() -> None:
         procs.stop().get()
 
 
+@pytest.mark.slow
 def test_two_agent_hosts_rank_like_two_nodes(two_hosts: HostMesh) -> None:
     procs = two_hosts.spawn_procs(per_host={"gpus": 2})
     setup_torch_elastic_env(procs)
@@ -151,6 +153,7 @@ sys.exit(3 if sys.argv[2:] == ["exit3"] else 0)  # sys.exit(0) ends the script, 
 """
 
 
+@pytest.mark.slow
 def test_main_runs_a_script_per_rank(tmp_path: os.PathLike[str]) -> None:
     script = os.path.join(tmp_path, "train.py")
     with open(script, "w") as f:
