@@ -5,6 +5,7 @@ other ranks get None; nothing of it outlives the job; the host secret never sits
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -103,30 +104,57 @@ def test_rank0_gets_a_host_mesh_over_both_nodes(
     assert all(stored[f"monarch/spmd/workers/{g}"].startswith("unix:") for g in (0, 1))
 
 
+def start_tcp_node(
+    rank: int, host: str, master: int, port: int, script: str, out: Path, mark: str
+) -> subprocess.Popen[str]:
+    """One torchrun "node" (static rendezvous) whose ranks listen on ``host``, agent on ``port``."""
+    argv = launcher("torchrun") + [
+        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "static", "--node-rank", str(rank),
+        "--master-addr", "127.0.0.1", "--master-port", str(master), script, str(out),
+    ]  # fmt: skip
+    env = clean_env(
+        SPMD_TEST_MARK=mark, BRIDGE_TRANSPORT="tcp", BRIDGE_PORT=str(port), MONARCH_TCP_BIND_HOST=host
+    )
+    return _popen(argv, env, None)
+
+
 def test_tcp_transport_across_two_addresses(scripts: Scripts, tmp_path: Path) -> None:
     """Two "machines" on 127.0.0.1 and 127.0.0.2, agents on the same fixed port (torchrun:
     a fresh process may still choose its transport)."""
     if TORCHRUN is None:
         pytest.skip("torchrun is not installed in this environment")
     script = scripts.write("bridge.py", SCRIPT)
-    mark, port = uuid.uuid4().hex, free_port()
-    master = str(free_port())
-
-    def node(rank: int, host: str) -> subprocess.Popen[str]:
-        argv = launcher("torchrun") + [
-            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "static", "--node-rank", str(rank),
-            "--master-addr", "127.0.0.1", "--master-port", master, script, str(tmp_path),
-        ]  # fmt: skip
-        env = clean_env(
-            SPMD_TEST_MARK=mark, BRIDGE_TRANSPORT="tcp", BRIDGE_PORT=str(port), MONARCH_TCP_BIND_HOST=host
-        )
-        return _popen(argv, env, None)
-
-    nodes = [node(0, "127.0.0.1"), node(1, "127.0.0.2")]
+    mark, port, master = uuid.uuid4().hex, free_port(), free_port()
+    nodes = [
+        start_tcp_node(r, h, master, port, script, tmp_path, mark)
+        for r, h in ((0, "127.0.0.1"), (1, "127.0.0.2"))
+    ]
     runs = finish(nodes, timeout=150)
     assert [r.rc for r in runs] == [0, 0], runs
     result = json.loads((tmp_path / "result.json").read_text())
     assert [node for node, _ in result["where"]] == [0, 0, 1, 1]
     workers = sorted(result["store"][f"monarch/spmd/workers/{g}"] for g in (0, 1))
     assert workers == [f"tcp:127.0.0.1:{port}", f"tcp:127.0.0.2:{port}"]
+    assert wait_while(lambda: ours(mark)) == []
+
+
+def test_a_node_that_cannot_start_its_agent_is_named_by_rank_0(scripts: Scripts, tmp_path: Path) -> None:
+    """Node 1's port is taken: node 1 fails, and rank 0 fails at once naming node 1 and why
+    (instead of waiting for an address that will never come)."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun is not installed in this environment")
+    script = scripts.write("bridge.py", SCRIPT)
+    mark, master = uuid.uuid4().hex, free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.2", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        nodes = [
+            start_tcp_node(r, h, master, port, script, tmp_path, mark)
+            for r, h in ((0, "127.0.0.1"), (1, "127.0.0.2"))
+        ]
+        runs = finish(nodes, timeout=150)
+    assert [r.rc != 0 for r in runs] == [True, True], runs
+    assert "node 1 could not start its host agent: [Errno 98] Address already in use" in runs[0].err, runs[0]
+    assert "could not start the host agent of node 1" in runs[1].err, runs[1]
     assert wait_while(lambda: ours(mark)) == []
