@@ -49,6 +49,7 @@ DEPENDS_ON: dict[str, set[str]] = {
     "actor": {"runtime", "mesh"},
     "host": {"actor"},
     "launch": {"host"},
+    "spmd": {"host"},
 }
 
 #: The modules of ``_src/actor/``, lowest first (see rule 3).

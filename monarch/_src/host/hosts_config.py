@@ -16,6 +16,7 @@ from monarch._src.host.host_mesh import HostMesh, attach
 from monarch._src.host.workers import host_address
 
 if TYPE_CHECKING:
+    import socket
     import subprocess
 
 FORMS = """the accepted forms are:
@@ -93,15 +94,40 @@ def _hosts_from(name: str, value: str, allow_file: bool) -> HostMesh:
     return attach([host_address(a) for a in addresses], secret, name)
 
 
+def start_local_agent(
+    sock: socket.socket, secret: bytes, env: Mapping[str, str]
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """A host agent on this machine, adopting the listening ``sock`` (closed here) and reading
+    ``secret`` from a pipe, never its environment; it serves one client and exits with this
+    process. Returns its address and process."""
+    import subprocess  # only where local agents are started
+
+    from monarch._src.host.spawner import secret_pipe, worker_pythonpath
+    from monarch._src.transport.address import of_listening_socket
+
+    env = dict(env, PYTHONPATH=worker_pythonpath(env.get("PYTHONPATH")))
+    try:
+        secret_r = secret_pipe(secret)
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        command = [sys.executable, "-m", "monarch.host", "--listen-fd", str(sock.fileno())]
+        command += ["--secret-fd", str(secret_r), "--once", "--exit-with-parent", "--log-level", "warning"]
+        address = of_listening_socket(sock)
+        return address, subprocess.Popen(
+            command, pass_fds=(sock.fileno(), secret_r), env=env, start_new_session=True
+        )
+    finally:
+        sock.close()
+        os.close(secret_r)
+
+
 class LocalAgents:
     """Host agents this client started on its own machine (``local:N``, ``ProcessJob``)."""
 
     def __init__(self, count: int, env: Mapping[str, str] | None = None) -> None:
-        import subprocess  # only where local agents are started
-
         from monarch._src.actor.process_state import runtime
-        from monarch._src.host.spawner import secret_pipe, worker_pythonpath
-        from monarch._src.transport.address import of_listening_socket
         from monarch._src.transport.auth import new_secret
 
         rt = runtime()
@@ -110,30 +136,12 @@ class LocalAgents:
         self.procs: list[subprocess.Popen[bytes]] = []
         child_env = dict(os.environ)
         child_env.update(env or {})
-        child_env["PYTHONPATH"] = worker_pythonpath(child_env.get("PYTHONPATH"))
         try:
             for _ in range(count):
                 sock = rt.new_listen_socket()  # on this client's transport
-                secret_r = secret_pipe(self.secret)
-                try:
-                    self.addresses.append(of_listening_socket(sock))
-                    command = [sys.executable, "-m", "monarch.host", "--listen-fd", str(sock.fileno())]
-                    command += [
-                        "--secret-fd",
-                        str(secret_r),
-                        "--once",
-                        "--exit-with-parent",
-                        "--log-level",
-                        "warning",
-                    ]
-                    self.procs.append(
-                        subprocess.Popen(
-                            command, pass_fds=(sock.fileno(), secret_r), env=child_env, start_new_session=True
-                        )
-                    )
-                finally:
-                    sock.close()
-                    os.close(secret_r)
+                address, proc = start_local_agent(sock, self.secret, child_env)
+                self.addresses.append(address)
+                self.procs.append(proc)
         except BaseException:
             self.stop()
             raise

@@ -1,0 +1,1 @@
+"""Bridges between SPMD scripts (torchrun-style ranks) and actor meshes."""
