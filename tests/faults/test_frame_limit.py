@@ -8,12 +8,11 @@ sent behind it on the same connection all complete, in order.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 
 import pytest
 from fault_helpers import Probe, probe_worker
+from helpers import REPO, run_python
 
 import monarch.actor
 from monarch.actor import this_host
@@ -100,14 +99,6 @@ def test_a_refused_exported_file_is_removed():
     # Without a pool the sender exports a fresh file and forgets it: the receiver that
     # refuses the message must remove it, or it stays in /dev/shm until the job ends.
     here = os.path.dirname(os.path.abspath(__file__))
-    repo = os.path.dirname(os.path.dirname(here))
-    done = subprocess.run(
-        [sys.executable, "-c", UNPOOLED_CLIENT],
-        capture_output=True,
-        text=True,
-        timeout=50,
-        cwd=repo,
-        env={**os.environ, "MONARCH_SHM_POOL_BYTES": "0", "PYTHONPATH": f"{repo}:{here}"},
-    )
+    done = run_python(UNPOOLED_CLIENT, 50, MONARCH_SHM_POOL_BYTES="0", PYTHONPATH=f"{REPO}:{here}")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == ["refused: True", "behind: 1", "files: 0"], done.stdout

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,14 +61,7 @@ def test_a_bad_setting_at_start_leaves_no_job_directory(short_tmpdir):
     # The runtime reads its settings after the job directory exists; a refused one must take
     # the directory (and the per-user base made for it) away again.
     client = "from monarch.actor import this_host\nthis_host().spawn_procs(per_host={'gpus': 1})\n"
-    done = subprocess.run(
-        [sys.executable, "-c", client],
-        capture_output=True,
-        text=True,
-        timeout=50,
-        cwd=REPO,
-        env={**os.environ, "TMPDIR": str(short_tmpdir), "MONARCH_TRANSPORT": "carrier-pigeon"},
-    )
+    done = run_python(client, 50, TMPDIR=str(short_tmpdir), MONARCH_TRANSPORT="carrier-pigeon")
     assert done.returncode != 0
     assert "carrier-pigeon" in done.stderr
     assert os.listdir(short_tmpdir) == []
