@@ -50,6 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "loopback TCP); default: the implementation's own (monarch: Unix sockets; Ray: TCP)",
     )
     p.add_argument(
+        "--peer-host",
+        default=None,
+        help="put the peer (the one-process target of the point-to-point metrics) on the host "
+        "agent at this address (monarch: `tcp://HOST:PORT` of `run_worker_loop_forever` or "
+        "`python -m monarch.host`); default: this host",
+    )
+    p.add_argument(
         "--loop-s",
         type=float,
         default=1.0,
@@ -316,9 +323,9 @@ class Impl(Protocol):
     #: More fields for the result (where the implementation was imported from, ...).
     extra: dict[str, Any]
 
-    def start(self, transport: str | None) -> None:
+    def start(self, transport: str | None, peer_host: str | None) -> None:
         """Start the runtime, on ``transport`` if given (see ``--transport``), before the first
-        metric that spawns anything."""
+        metric that spawns anything; attach to ``peer_host`` if given (see ``--peer-host``)."""
 
     def spawn(self, n: int) -> Mesh: ...
 
@@ -501,7 +508,7 @@ def run_benchmark(impl: Impl) -> None:
         if not rec.want(m.key):
             continue
         if not m.standalone and not started:
-            impl.start(args.transport)
+            impl.start(args.transport, args.peer_host)
             started = True
         if m.on_peer and r.peer is None and not peer_failed:
             try:

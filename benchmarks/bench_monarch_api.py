@@ -88,8 +88,8 @@ class MonarchMesh:
 
 
 class MonarchPeer:
-    def __init__(self) -> None:
-        self.procs = this_host().spawn_procs(per_host={"gpus": 1})
+    def __init__(self, hosts) -> None:
+        self.procs = hosts.spawn_procs(per_host={"gpus": 1})
         self.sync = self.procs.spawn("sync_echo", Echo)
         self.async_ = self.procs.spawn("async_echo", AsyncEcho)
         self.sync.echo.call_one(0).get()
@@ -121,19 +121,25 @@ class Monarch:
     def __init__(self) -> None:
         self.name = _impl_name()
         self.extra = {"monarch_path": _monarch_origin(), "in_process_import_s": _in_process_import_s}
+        self.peer_hosts = None
 
-    def start(self, transport: str | None) -> None:
+    def start(self, transport: str | None, peer_host: str | None) -> None:
         # The runtime itself starts with the first spawn, on the transport chosen before it.
         if transport is not None:
             from monarch.actor import enable_transport
 
             enable_transport(transport)
+        if peer_host is not None:
+            from monarch.actor import attach_to_workers
+
+            # monarch-aio uses the shared secret of MONARCH_HOST_SECRET when it is set.
+            self.peer_hosts = attach_to_workers(ca="trust_all_connections", workers=[peer_host])
 
     def spawn(self, n: int) -> MonarchMesh:
         return MonarchMesh(n)
 
     def spawn_peer(self) -> MonarchPeer:
-        return MonarchPeer()
+        return MonarchPeer(self.peer_hosts if self.peer_hosts is not None else this_host())
 
     def inproc_echo(self):
         a = this_proc().spawn("inproc_echo", Echo)

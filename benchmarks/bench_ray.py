@@ -105,7 +105,9 @@ class Ray:
         self.name = f"ray=={ray.__version__}"
         self.extra: dict = {}
 
-    def start(self, transport: str | None) -> None:
+    def start(self, transport: str | None, peer_host: str | None) -> None:
+        if peer_host is not None:
+            raise ValueError("--peer-host: this adapter runs Ray on one node only")
         if transport not in (None, "tcp"):
             raise ValueError(f"Ray talks over TCP only, not {transport!r}")
         ray.init(

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,25 @@ IMPLS = {
     "ray": (os.path.join(ROOT, ".venvs", "ray", "bin", "python"), "bench_ray.py"),
 }
 OURS, TM, RAY = "monarch-aio", "torchmonarch", "ray"
+
+#: ``--netns``: the suffix of an implementation's name when its client runs in one network
+#: namespace and its peer on a host agent in another.
+NETNS = "@netns"
+#: The command line of a host agent listening at ``tcp://ADDRESS`` (``{address}``), for the
+#: implementations that can put the peer on another host.
+AGENTS = {
+    OURS: ["-m", "monarch.host", "--listen", "tcp://{address}", "--log-level", "warning"],
+    TM: [
+        "-c",
+        "from monarch.actor import run_worker_loop_forever as r; "
+        "r(ca='trust_all_connections', address='tcp://{address}')",
+    ],
+}
+AGENT_PORT = 4100
+#: Implementations that find their own TCP address by resolving the hostname and refuse a
+#: loopback one (torchmonarch: "hostname resolved to no non-loopback, non-link-local address").
+#: With ``--netns`` their processes see a private /etc/hosts naming their namespace's address.
+RESOLVES_HOSTNAME = {TM}
 
 
 # metric -> (description, kind, value): kind "vs_tm" (ratio ours/torchmonarch),
@@ -84,6 +104,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--transport", default=None, help="passed to each benchmark (tcp: all of them over loopback TCP)"
     )
+    p.add_argument(
+        "--netns",
+        action="store_true",
+        help="also run each implementation that has host agents (monarch-aio, torchmonarch) as "
+        "<name>@netns: the client in one network namespace, the peer on an agent in another "
+        "(tests/netns.py; root only); everything over TCP",
+    )
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
     p.add_argument("--metrics", default=None, help="comma-separated subset of metric keys")
     p.add_argument("--out-dir", default=os.path.join(HERE, "out"))
@@ -93,6 +120,10 @@ def parse_args() -> argparse.Namespace:
     a.loop_s = a.loop_s or (0.4 if a.quick else 1.0)
     a.metric_timeout = a.metric_timeout or (45.0 if a.quick else 90.0)
     a.timeout = a.timeout or (180.0 if a.quick else 300.0)
+    if a.netns and a.transport not in (None, "tcp"):
+        p.error("--netns compares over TCP: leave --transport out or say tcp")
+    if a.netns:
+        a.transport = "tcp"
     return a
 
 
@@ -142,8 +173,9 @@ def _running_metric(stderr_path: str) -> str | None:
     return last
 
 
-def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str]) -> dict[str, Any]:
-    py, script = IMPLS[name]
+def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str], cluster=None) -> dict[str, Any]:
+    impl, netns = name.removesuffix(NETNS), name.endswith(NETNS)
+    py, script = IMPLS[impl]
     out_json = os.path.join(run_dir, tag + ".json")
     out_log, err_log = os.path.join(run_dir, tag + ".stdout"), os.path.join(run_dir, tag + ".stderr")
     info: dict[str, Any] = {"impl": name, "tag": tag, "result": None, "error": None}
@@ -178,8 +210,33 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str]) -> dict
     # `monarch` (worker procs are started with `python -c`, which puts cwd on sys.path).
     cwd = os.path.join(run_dir, "cwd")
     os.makedirs(cwd, exist_ok=True)
+    agent = None
     t0 = time.perf_counter()
     with open(out_log, "w") as so, open(err_log, "w") as se:
+        if cluster is not None and impl in RESOLVES_HOSTNAME:
+            # One host: the bridge's address is this (root) namespace's own.
+            here = cluster.hosts[0].address if netns else cluster.bridge_address
+            cmd = _hostname_at(here, cmd, run_dir)
+        if netns:
+            client_host, agent_host = cluster.hosts
+            address = f"{agent_host.address}:{AGENT_PORT}"
+            env["MONARCH_TCP_BIND_HOST"] = client_host.address
+            env["MONARCH_HOST_SECRET"] = f"bench-{os.getpid()}"
+            agent_cmd = [py, *(word.format(address=address) for word in AGENTS[impl])]
+            if impl in RESOLVES_HOSTNAME:
+                agent_cmd = _hostname_at(agent_host.address, agent_cmd, run_dir)
+            agent = cluster.popen(
+                agent_host.index,
+                agent_cmd,
+                cwd=cwd,
+                env=env,
+                stdout=se,
+                stderr=se,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            _wait_listening(cluster, agent_host.index, AGENT_PORT, agent)
+            cmd = cluster.argv(client_host.index, [*cmd, "--peer-host", f"tcp://{address}"])
         proc = subprocess.Popen(
             cmd, cwd=cwd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL, start_new_session=True
         )
@@ -191,6 +248,9 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str]) -> dict
             _kill_group(proc.pid)  # also reaps worker procs the benchmark left behind
             if rc is None:
                 proc.wait()
+            if agent is not None:
+                _kill_group(agent.pid)  # the agent and the procs it spawned
+                agent.wait()
     info["wall_s"] = round(time.perf_counter() - t0, 1)
     res = _last_json_line(out_log)
     if res is None and os.path.exists(out_json):
@@ -219,6 +279,47 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str]) -> dict
     return info
 
 
+def _hostname_at(address: str, cmd: list[str], run_dir: str) -> list[str]:
+    """``cmd`` in a mount namespace of its own whose /etc/hosts names ``address`` for this
+    machine's hostname (root only)."""
+    hosts = os.path.join(run_dir, f"hosts-{address}")
+    with open(hosts, "w") as f:
+        f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
+    return ["unshare", "--mount", "--", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', hosts, *cmd]
+
+
+def _wait_listening(cluster, host: int, port: int, agent: subprocess.Popen, timeout: float = 30.0) -> None:
+    """Return once something listens on TCP ``port`` in ``host``'s namespace; raise if ``agent``
+    exits first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if agent.poll() is not None:
+            raise RuntimeError(f"the host agent exited with code {agent.returncode} before listening")
+        done = subprocess.run(
+            cluster.argv(host, ["ss", "-Hltn", f"sport = :{port}"]),
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if done.stdout.strip():
+            return
+        time.sleep(0.05)  # polling an external condition: the agent says nothing on stdout
+    raise RuntimeError(f"no host agent listening on port {port} after {timeout:.0f} s")
+
+
+def _cluster(args):
+    """Two network namespaces for ``--netns`` (client, agent), or None."""
+    if not args.netns:
+        return None
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import netns
+
+    reason = netns.unavailable_reason()
+    if reason:
+        sys.exit(f"--netns: {reason}")
+    return netns.Cluster(2).__enter__()
+
+
 def fmt(metric: str, v: float | None) -> str:
     if v is None:
         return "—"
@@ -240,6 +341,17 @@ def main() -> int:
     for n in names:
         if n not in IMPLS:
             sys.exit(f"unknown impl {n!r}; choose from {list(IMPLS)}")
+    cluster = _cluster(args)
+    if cluster is not None:
+        names = names + [n + NETNS for n in names if n in AGENTS]
+    try:
+        return _run_and_report(args, names, cluster)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def _run_and_report(args, names: list[str], cluster) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = os.path.join(args.out_dir, f"run-{stamp}")
     os.makedirs(run_dir, exist_ok=True)
@@ -271,7 +383,7 @@ def main() -> int:
                     flush=True,
                 )
                 info = run_one(
-                    n, args, run_dir, f"{n}.pass{p}" + (f".r{attempt}" if attempt else ""), remaining
+                    n, args, run_dir, f"{n}.pass{p}" + (f".r{attempt}" if attempt else ""), remaining, cluster
                 )
                 runs.append({k: v for k, v in info.items() if k != "result"})
                 res = info["result"] or {}
@@ -327,7 +439,20 @@ def main() -> int:
             + (f" — `monarch` from {meta[n]['monarch_path']}" if meta[n].get("monarch_path") else "")
         )
     lines.append("")
-    hdr = ["metric"] + names + ["monarch-aio / torchmonarch", "monarch-aio / ray", "target", "met?"]
+    # More ratio columns with --netns: ours against torchmonarch across namespaces, and each
+    # implementation across namespaces against itself on one host.
+    pairs = [
+        (a, b)
+        for a, b in [(OURS + NETNS, TM + NETNS), (OURS + NETNS, OURS), (TM + NETNS, TM)]
+        if a in names and b in names
+    ]
+    hdr = (
+        ["metric"]
+        + names
+        + ["monarch-aio / torchmonarch", "monarch-aio / ray"]
+        + [f"{a} / {b}" for a, b in pairs]
+        + ["target", "met?"]
+    )
     lines.append("| " + " | ".join(hdr) + " |")
     lines.append("|" + "---|" * len(hdr))
     verdicts = {}
@@ -340,6 +465,9 @@ def main() -> int:
         r_ray = ratio(get(OURS, m), get(RAY, m))
         row.append(f"{r_tm:.3g}x" if r_tm is not None else "—")
         row.append(f"{r_ray:.3g}x" if r_ray is not None else "—")
+        for a, b in pairs:
+            r = ratio(get(a, m), get(b, m))
+            row.append(f"{r:.3g}x" if r is not None else "—")
         verdict = "n/a"
         tgt = TARGETS.get(m)
         if tgt:
