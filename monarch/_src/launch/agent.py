@@ -67,7 +67,7 @@ from .rendezvous import FAILURE_REASONS, JobRendezvous, RendezvousInterrupted, R
 from .store import StoreServer
 from .store_client import StoreGone
 from .summary import ChildFailedError, ProcessFailure, RankReport
-from .worker import Runner, WorkerSpec
+from .worker import Runner, WorkerSpec, signal_process_group
 from .worker_env import default_master_addr, error_file_path, worker_env_vars
 
 __all__ = ["Agent", "Outcome", "Target", "signal_process_group"]
@@ -81,19 +81,6 @@ KILL_WAIT_S = 30.0
 TICK_S = 1.0
 #: The longest the main thread blocks at once, so that a signal's handler runs this soon.
 SIGNAL_POLL_S = 0.1
-
-
-def signal_process_group(pid: int, sig: int) -> None:
-    """Send ``sig`` to the worker's process group if it leads one, else to the worker."""
-    if pid <= 0:  # never started (its template died first): never the launcher's own group
-        return
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _free_port(host: str) -> int:
@@ -804,7 +791,8 @@ class Agent:
         """Tell every node how this round ended (the first to say so wins), naming this node."""
         if self.rdzv is None or a.round is None:
             return
-        record = {**record, "node": a.round.group_rank, "host": socket.getfqdn(), "pid": os.getpid()}
+        me = a.round.nodes[a.round.group_rank]
+        record = {**record, "node": a.round.group_rank, "host": me.host, "pid": me.pid}
         try:
             self.rdzv.end_round(a.round.index, record)
         except StoreGone as err:
@@ -844,14 +832,14 @@ class Agent:
                 message = f"the launcher of node {node} was stopped by signal {record.get('signum')}"
             else:
                 message = str(record.get("detail", reason))
-            first_rank = sum(n.nproc for n in a.round.nodes[:node]) if isinstance(node, int) else -1
+            first_rank = a.round.offset_of(node) if isinstance(node, int) else -1
             a.failures[first_rank] = ProcessFailure(
                 local_rank=0 if isinstance(node, int) else -1,
                 rank=first_rank,
                 pid=int(record.get("pid", 0)),
                 exitcode=1,
                 message=message,
-                host=host or f"{self.rdzv.store_host if self.rdzv else ''}",
+                host=host or (self.rdzv.store_host if self.rdzv else ""),
                 node=node,
             )
         self.log.error("node %s (%s) ended the job's round %s: %s", node, host, a.round.index, reason)

@@ -109,7 +109,11 @@ class Round:
 
     @property
     def rank_offset(self) -> int:
-        return sum(n.nproc for n in self.nodes[: self.group_rank])
+        return self.offset_of(self.group_rank)
+
+    def offset_of(self, group_rank: int) -> int:
+        """The global rank of local rank 0 on node ``group_rank``."""
+        return sum(n.nproc for n in self.nodes[:group_rank])
 
     @property
     def world_size(self) -> int:
@@ -196,7 +200,9 @@ class JobRendezvous:
             self.store_host, self.store_port = config.master_addr, config.master_port
         else:
             self.store_host, self.store_port = config.rdzv_host, config.rdzv_port
-        self.addr = config.local_addr or socket.getfqdn()
+        #: This node's name (a reverse lookup, done once: never on the way to report a failure).
+        self.host = socket.getfqdn()
+        self.addr = config.local_addr or self.host
         self.server: StoreServer | None = None
         self.client: StoreClient | None = None
         self.round: Round | None = None
@@ -334,7 +340,7 @@ class JobRendezvous:
             pid=os.getpid(),
             nproc=self.config.nproc_per_node,
             role=self.config.role,
-            host=socket.getfqdn(),
+            host=self.host,
             node_rank=self.config.node_rank if self.static else -1,
             store_host=self.server is not None,
         )
@@ -505,9 +511,11 @@ class RoundWatch:
         try:
             while not self._stop.is_set():
                 self._hb_client.add(key(rnd.group_rank), 1)
+                # One read-only round trip for every other node's counter (missing: 0).
+                counts = self._hb_client.multi_get([key(gr) for gr in others])
                 now = time.monotonic()
-                for gr in others:
-                    count = self._hb_client.add(key(gr), 0)
+                for gr, value in zip(others, counts):
+                    count = int(value or 0)
                     last_count, since = seen[gr]
                     if count != last_count:
                         seen[gr] = (count, now)

@@ -77,9 +77,10 @@ MAX_KEY_LEN = 1 << 20
 MAX_VALUE_LEN = 1 << 30
 MAX_KEY_COUNT = 1 << 20
 
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-_I64 = struct.Struct("<q")
+#: The protocol's integers (little-endian), shared with the client in ``store_client``.
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
+I64 = struct.Struct("<q")
 
 
 class _ProtocolError(Exception):
@@ -105,15 +106,15 @@ class _Reader:
 
     def u32(self) -> int | None:
         raw = self.take(4)
-        return None if raw is None else _U32.unpack(raw)[0]
+        return None if raw is None else U32.unpack(raw)[0]
 
     def u64(self) -> int | None:
         raw = self.take(8)
-        return None if raw is None else _U64.unpack(raw)[0]
+        return None if raw is None else U64.unpack(raw)[0]
 
     def i64(self) -> int | None:
         raw = self.take(8)
-        return None if raw is None else _I64.unpack(raw)[0]
+        return None if raw is None else I64.unpack(raw)[0]
 
     def blob(self, limit: int) -> bytes | None:
         size = self.u64()
@@ -157,8 +158,9 @@ class _Reader:
         return out
 
 
-def _blob(value: bytes) -> bytes:
-    return _U64.pack(len(value)) + value
+def blob(value: bytes) -> bytes:
+    """A length-prefixed value, as both sides of the protocol write it."""
+    return U64.pack(len(value)) + value
 
 
 class _Client(asyncio.Protocol):
@@ -256,20 +258,20 @@ class _Client(asyncio.Protocol):
             if current is None:
                 if expected == b"":
                     store._set(key, desired)
-                    self.send(_blob(desired))
+                    self.send(blob(desired))
                 else:
-                    self.send(_blob(expected))
+                    self.send(blob(expected))
             else:
                 if current == expected:
                     store._set(key, desired)
                     current = desired
-                self.send(_blob(current))
+                self.send(blob(current))
             return True
         if op == GET:
             key = r.key()
             if key is None:
                 return False
-            self.send(_blob(store.data.get(key, b"")))
+            self.send(blob(store.data.get(key, b"")))
             return True
         if op == ADD:
             key = r.key()
@@ -284,7 +286,7 @@ class _Client(asyncio.Protocol):
             except ValueError:
                 raise _ProtocolError(f"ADD on a non-integer value of {key!r}") from None
             store._set(key, str(total).encode())
-            self.send(_I64.pack(total))
+            self.send(I64.pack(total))
             return True
         if op == CHECK:
             keys = r.keys()
@@ -309,19 +311,19 @@ class _Client(asyncio.Protocol):
             self.send(WAIT_CANCELED)
             return True
         if op == GETNUMKEYS:
-            self.send(_I64.pack(len(store.data)))
+            self.send(I64.pack(len(store.data)))
             return True
         if op == DELETE_KEY:
             key = r.key()
             if key is None:
                 return False
-            self.send(_I64.pack(1 if store.data.pop(key, None) is not None else 0))
+            self.send(I64.pack(1 if store.data.pop(key, None) is not None else 0))
             return True
         if op == MULTI_GET:
             keys = r.keys()
             if keys is None:
                 return False
-            self.send(b"".join(_blob(store.data.get(k, b"")) for k in keys))
+            self.send(b"".join(blob(store.data.get(k, b"")) for k in keys))
             return True
         if op == MULTI_SET:
             pairs = r.pairs()
@@ -343,21 +345,21 @@ class _Client(asyncio.Protocol):
             if key is None:
                 return False
             queue = store._queues[key]
-            out = _I64.pack(len(queue))
+            out = I64.pack(len(queue))
             if queue:
-                out += _blob(queue.popleft())
+                out += blob(queue.popleft())
             self.send(out)
             return True
         if op == QUEUE_LEN:
             key = r.key()
             if key is None:
                 return False
-            self.send(_I64.pack(len(store._queues.get(key, ()))))
+            self.send(I64.pack(len(store._queues.get(key, ()))))
             return True
         if op == LIST_KEYS:
             keys = list(store.data)
             self.send(
-                _I64.pack(len(keys)) + b"".join(_blob(k.encode("utf-8", "surrogateescape")) for k in keys)
+                I64.pack(len(keys)) + b"".join(blob(k.encode("utf-8", "surrogateescape")) for k in keys)
             )
             return True
         if op == BARRIER:

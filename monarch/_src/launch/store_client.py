@@ -12,29 +12,34 @@ whose bound is its own ``timeout``; a store that goes away raises :class:`StoreG
 from __future__ import annotations
 
 import socket
-import struct
 import time
 from collections.abc import Callable
 
-from .store import ADD, COMPARE_SET, GET, MAX_VALUE_LEN, SET, VALIDATE, VALIDATE_MAGIC, WAIT
+from .store import (
+    ADD,
+    COMPARE_SET,
+    GET,
+    I64,
+    MAX_VALUE_LEN,
+    MULTI_GET,
+    SET,
+    U32,
+    U64,
+    VALIDATE,
+    VALIDATE_MAGIC,
+    WAIT,
+    blob,
+)
 
 __all__ = ["StoreClient", "StoreGone", "connect"]
-
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-_I64 = struct.Struct("<q")
 
 
 class StoreGone(ConnectionError):
     """The store closed the connection, or did not answer in time."""
 
 
-def _blob(data: bytes) -> bytes:
-    return _U64.pack(len(data)) + data
-
-
 def _key(key: str) -> bytes:
-    return _blob(key.encode("utf-8", "surrogateescape"))
+    return blob(key.encode("utf-8", "surrogateescape"))
 
 
 class StoreClient:
@@ -46,31 +51,36 @@ class StoreClient:
         self.timeout = timeout
         sock.settimeout(timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._send(bytes([VALIDATE]) + _U32.pack(VALIDATE_MAGIC))
+        self._send(bytes([VALIDATE]) + U32.pack(VALIDATE_MAGIC))
 
     # -- requests -----------------------------------------------------------------------------
 
     def set(self, key: str, value: bytes) -> None:
-        self._send(bytes([SET]) + _key(key) + _blob(value))
+        self._send(bytes([SET]) + _key(key) + blob(value))
 
     def get(self, key: str) -> bytes:
         """The value of ``key``; ``b""`` when it is missing (our server's answer)."""
         self._send(bytes([GET]) + _key(key))
         return self._read_blob()
 
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        """The values of ``keys`` in one round trip; ``b""`` for a missing one."""
+        self._send(bytes([MULTI_GET]) + U64.pack(len(keys)) + b"".join(_key(k) for k in keys))
+        return [self._read_blob() for _ in keys]
+
     def add(self, key: str, delta: int) -> int:
-        self._send(bytes([ADD]) + _key(key) + _I64.pack(delta))
-        return int(_I64.unpack(self._recv(8))[0])
+        self._send(bytes([ADD]) + _key(key) + I64.pack(delta))
+        return int(I64.unpack(self._recv(8))[0])
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         """Set ``key`` to ``desired`` if it holds ``expected`` (``b""``: missing); the value after."""
-        self._send(bytes([COMPARE_SET]) + _key(key) + _blob(expected) + _blob(desired))
+        self._send(bytes([COMPARE_SET]) + _key(key) + blob(expected) + blob(desired))
         return self._read_blob()
 
     def wait(self, keys: list[str], timeout: float | None) -> bool:
         """Block until every key exists (True) or ``timeout`` passes (False; the connection is
         then unusable and closed). ``None`` waits until the store or :meth:`close` ends it."""
-        self._send(bytes([WAIT]) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys))
+        self._send(bytes([WAIT]) + U64.pack(len(keys)) + b"".join(_key(k) for k in keys))
         self._sock.settimeout(timeout)
         try:
             self._recv(1)
@@ -113,7 +123,7 @@ class StoreClient:
         return bytes(out)
 
     def _read_blob(self) -> bytes:
-        size = _U64.unpack(self._recv(8))[0]
+        size = U64.unpack(self._recv(8))[0]
         if size > MAX_VALUE_LEN:
             # Not a TCPStore (say, another service on that port): do not allocate its garbage.
             self.close()

@@ -48,7 +48,7 @@ from monarch._src.actor.endpoint import concurrent_endpoint, endpoint
 
 from .command import EntryKind, WorkerCommand
 
-__all__ = ["Runner", "WorkerExit", "WorkerSpec", "format_stacks"]
+__all__ = ["Runner", "WorkerExit", "WorkerSpec", "format_stacks", "signal_process_group"]
 
 #: Signals a --no-python worker lets its child handle (it outlives them to report the
 #: child's fate); the launcher sends these to the worker's process group.
@@ -139,11 +139,20 @@ class Runner(Actor):
     async def signal_group(self, signum: int) -> None:
         """Send ``signum`` to this worker's process group, as the launcher does by pid on its
         own machine; for a worker on another machine (``--hosts``) this is how it is done."""
-        pid = os.getpid()
-        if os.getpgid(0) == pid:
-            os.killpg(pid, signum)
+        signal_process_group(os.getpid(), signum)
+
+
+def signal_process_group(pid: int, sig: int) -> None:
+    """Send ``sig`` to the worker's process group if it leads one, else to the worker."""
+    if pid <= 0:  # never started (its template died first): never the launcher's own group
+        return
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
         else:
-            os.kill(pid, signum)
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 # -- the main-thread jobs ------------------------------------------------------------------------
