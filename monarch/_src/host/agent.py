@@ -28,6 +28,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from monarch._src.host.process_exit import when_process_exits
+from monarch._src.runtime.bootstrap import read_secret_fd
 from monarch._src.transport import auth
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
@@ -248,17 +250,13 @@ class Agent:
         """End ``session`` when its process exits on its own."""
         proc = session.proc
         assert proc is not None
-        loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(proc.pid)
 
         def exited() -> None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
             if session.proc is proc:
                 logger.warning("session pid %d exited with %s", proc.pid, proc.wait())
                 session.end()
 
-        loop.add_reader(pidfd, exited)
+        when_process_exits(asyncio.get_running_loop(), proc, exited)
 
     def session_ended(self, session: _Session) -> None:
         self.sessions.discard(session)
@@ -354,11 +352,7 @@ def _secret_from(args: argparse.Namespace) -> bytes:
     if args.trust_all_connections:
         return TRUST_ALL_SECRET
     if args.secret_fd is not None:
-        chunks = []
-        while chunk := os.read(args.secret_fd, 4096):
-            chunks.append(chunk)
-        os.close(args.secret_fd)
-        return b"".join(chunks)
+        return read_secret_fd(args.secret_fd)
     secret = read_secret(args.secret_file, args.secret_env)
     if secret is None:
         raise ValueError(f"no secret given\n{SECRET_HINT}")

@@ -54,10 +54,7 @@ class _ProcMeshOwner:
         return [proc.pid for proc in self.group.procs]
 
     def watch_exits(self, on_exit: Callable[[int, int], None]) -> None:
-        self.group.on_exit.append(lambda rank, how, code: on_exit(rank, code))
-        for rank, code in enumerate(list(self.group.returncodes)):
-            if code is not None:
-                on_exit(rank, code)
+        self.group.watch_exits(lambda rank, how, code: on_exit(rank, code))
 
     def kill(self) -> None:
         self.group.kill()
@@ -239,9 +236,7 @@ class _Attachment:
         self.shut_down = True
         with _attachments_lock:
             _attachments.discard(self)
-        attached = [
-            c for c in self.connections if c.host.session.done() and outcome(c.host.session)[1] is None
-        ]
+        attached = [c for c in self.connections if c.host.attached]
         sessions = [c.host.session_address() for c in attached]
         stopped = when_all_done([g.stop("host mesh shut down") for g in groups_on(sessions)])
         done: Future[None] = pending_future()

@@ -39,7 +39,7 @@ from monarch._src.actor.proc_mesh import root_address
 from monarch._src.actor.process_state import runtime
 from monarch._src.host import log_capture
 from monarch._src.host.heartbeat import HEARTBEAT_KEY, HeartbeatActor, Pulse
-from monarch._src.host.session import HOST_ACTOR_KEY, HostActor
+from monarch._src.host.session import host_actor
 from monarch._src.mesh.shape import Shape
 from monarch._src.runtime.config import CONFIG, OVERRIDES_ENV, overrides_for_another_host
 from monarch._src.transport import auth
@@ -72,6 +72,11 @@ class Host:
         self.agent = agent
         self.session = session
 
+    @property
+    def attached(self) -> bool:
+        """This job's session there started (and its address is known)."""
+        return self.session.done() and outcome(self.session)[1] is None
+
     def session_address(self) -> str:
         return self.session.get(timeout=CONFIG.host_attach_timeout_s + 1.0)
 
@@ -90,10 +95,6 @@ class Host:
 
 def host_reference(agent: str, session: str) -> Host:
     return Host(agent, completed_future(session))
-
-
-def host_actor(session: str) -> ActorMesh[HostActor]:
-    return ActorMesh(HostActor, "host", HOST_ACTOR_KEY, (session,), Shape.unity())
 
 
 class _Announcement(PortHandler):
@@ -202,7 +203,7 @@ class HostConnection:
     def close(self) -> None:
         """Let the agent end this job's session (and kill what is left of its procs)."""
         self.closing = True
-        if self.host.session.done() and outcome(self.host.session)[1] is None:
+        if self.host.attached:
             stop_heartbeat(self.host.session_address())
         rt = runtime()
         if self._conn is not None and not rt.closed:

@@ -92,10 +92,7 @@ class HostActor(Actor):
                 self._groups.pop(group_id, None)
                 self._by_requester.get(requester, set()).discard(group_id)
 
-        group.on_exit.append(exited)
-        for rank, code in enumerate(list(group.returncodes)):
-            if code is not None:  # exited before the callback was in place
-                exited(rank, "exited", code)
+        group.watch_exits(exited)
         return group_id, list(group.addresses), [proc.pid for proc in group.procs]
 
     @endpoint
@@ -124,11 +121,16 @@ class HostActor(Actor):
                 group.kill()
 
 
+def host_actor(session: str) -> ActorMesh[HostActor]:
+    """The ``HostActor`` of the session at ``session``."""
+    return ActorMesh(HostActor, "host", HOST_ACTOR_KEY, (session,), Shape.unity())
+
+
 def _announce(reply: list) -> None:
     """(main thread, runtime live) Start the HostActor and the HeartbeatActor, then tell the
     client where we are."""
     rt = runtime()
-    host: ActorMesh[HostActor] = ActorMesh(HostActor, "host", HOST_ACTOR_KEY, (rt.address,), Shape.unity())
+    host = host_actor(rt.address)
     actors: list[tuple[str, str, tuple[type, tuple, dict]]] = [
         (HOST_ACTOR_KEY, "host", (HostActor, (), {})),
         (HEARTBEAT_KEY, "heartbeat", (HeartbeatActor, (host,), {})),

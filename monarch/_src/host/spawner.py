@@ -25,6 +25,7 @@ from monarch._src.actor.future import Future, pending_future, set_result, when_a
 from monarch._src.actor.log_forwarding import CAPTURE_ENV
 from monarch._src.actor.process_state import runtime
 from monarch._src.host import log_capture
+from monarch._src.host.process_exit import when_process_exits
 from monarch._src.runtime import framework_log
 from monarch._src.runtime.bootstrap import BOOTSTRAP_ENV
 from monarch._src.transport.address import of_listening_socket
@@ -273,20 +274,7 @@ class ProcGroup:
             if proc.returncode is not None:
                 proc.on_exit()
             return
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except (AttributeError, OSError):
-            threading.Thread(
-                target=lambda: (proc.wait(), rt.loop.call_soon_threadsafe(self._exited, rank)), daemon=True
-            ).start()
-            return
-
-        def readable() -> None:
-            rt.loop.remove_reader(pidfd)
-            os.close(pidfd)
-            self._exited(rank)
-
-        rt.loop_thread.call_soon(rt.loop.add_reader, pidfd, readable)
+        when_process_exits(rt.loop, proc, lambda: self._exited(rank))
 
     def _exited(self, rank: int) -> None:
         capture = self.captures[rank]
@@ -318,6 +306,14 @@ class ProcGroup:
             except Exception:
                 logger.exception("exit callback failed")
         set_result(self._exit_futures[rank], code)
+
+    def watch_exits(self, callback: Callable[[int, str, int], None]) -> None:
+        """``callback(rank, how, code)`` for every exit from now on, and at once for the procs
+        that exited before it was in place (their ``how`` is ``"exited"``)."""
+        self.on_exit.append(callback)
+        for rank, code in enumerate(list(self.returncodes)):
+            if code is not None:
+                callback(rank, "exited", code)
 
     @property
     def stopped(self) -> bool:

@@ -57,7 +57,7 @@ def _leave_when_parent_dies(death_fd: int) -> None:
     parent_death.call_on_parent_death(parent_died, death_fd)
 
 
-def _read_secret(fd: int) -> bytes:
+def read_secret_fd(fd: int) -> bytes:
     """The job secret, from a pipe the spawner filled and closed (never the environment, which
     anyone who may read ``/proc/<pid>/environ`` can read)."""
     chunks = []
@@ -88,7 +88,7 @@ def _line_buffered_output() -> None:
 
 def main() -> None:
     config: dict[str, Any] = json.loads(os.environ.pop(BOOTSTRAP_ENV))
-    secret = _read_secret(config["secret_fd"])
+    secret = read_secret_fd(config["secret_fd"])
     _line_buffered_output()
     framework_log.setup_worker(str(config.get("name", "proc")), int(config.get("rank", 0)))
     # Upper layers name the modules that register their handlers (the runtime knows none).
