@@ -9,7 +9,7 @@ otherwise), so mesh references carry ``tcp:`` addresses, and large buffers trave
 
 from __future__ import annotations
 
-from monarch._src.runtime.config import CONFIG, configure, transport_of_config
+from monarch._src.runtime.config import CONFIG, configure
 
 #: Monarch's names accepted by ``enable_transport`` and the transport each selects. "tls" is
 #: TCP that insists on the TLS settings being there.
@@ -21,13 +21,14 @@ def enable_transport(transport: str) -> None:
     process and every proc it spawns. Call it before anything else of the monarch API."""
     if not isinstance(transport, str):
         raise TypeError(f"enable_transport() takes a transport name, got {type(transport).__name__}")
-    kind = ACCEPTED.get(transport.lower())
+    name = transport.lower()
+    kind = ACCEPTED.get(name)
     if kind is None:
         raise ValueError(
             f"unknown transport {transport!r}\nHINT: the transports are: {', '.join(ACCEPTED)} "
             "(Monarch's metatls transports and explicit channel addresses are not supported)"
         )
-    if transport.lower() == "tls" and not (CONFIG.tls_cert and CONFIG.tls_key and CONFIG.tls_ca):
+    if name == "tls" and not (CONFIG.tls_cert and CONFIG.tls_key and CONFIG.tls_ca):
         raise ValueError(
             "enable_transport('tls') needs a certificate, its key and a CA file\n"
             "HINT: set tls_cert, tls_key and tls_ca with monarch.configure(), or "
@@ -47,4 +48,3 @@ def enable_transport(transport: str) -> None:
             "program, before spawning procs or actors or calling endpoints."
         )
     configure(transport=kind)
-    transport_of_config()

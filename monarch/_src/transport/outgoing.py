@@ -292,7 +292,7 @@ class OutgoingConnection:
             if self._tls is not None:
                 self._sock = sock = self._tls.wrap_socket(sock, do_handshake_on_connect=False)
                 self._tls_step()
-                if self.closed:
+                if self.closed or self._sock is not sock:  # failed: closed, or to be retried
                     return
             self._loop.add_reader(sock.fileno(), self._readable)
             return
