@@ -60,10 +60,11 @@ AGENTS = {
 }
 AGENT_PORT = 4100
 #: Ray across namespaces: the head's GCS port, and how long its processes get to exit on SIGTERM
-#: (as `ray stop`, which cannot be used: it stops every Ray process of the machine, other
-#: sessions' too) before SIGKILL.
+#: before SIGKILL, as `ray stop` does (which cannot be used: it stops every Ray process of the
+#: machine, other sessions' too). Most exit at once; the head's GCS server or autoscaler monitor
+#: may wait on one another for good (seen: 10 s), hence SIGKILL soon.
 RAY_HEAD_PORT = 6379
-RAY_STOP_GRACE_S = 10.0
+RAY_STOP_GRACE_S = 3.0
 #: Implementations that find their own TCP address by resolving the hostname and refuse a
 #: loopback one (torchmonarch: "hostname resolved to no non-loopback, non-link-local address").
 #: With ``--netns`` their processes see a private /etc/hosts naming their namespace's address.
