@@ -27,6 +27,13 @@ from typing import Any, Protocol
 MiB = 1024 * 1024
 PAYLOAD_BYTES = 64 * MiB
 NUMPY_ELEMS = 16 * MiB  # float32 -> 64 MiB
+#: Ray's node: CPUs and object store of bench_ray.py's one-node cluster and of the head of
+#: run_all.py's two-node one (``--netns``).
+RAY_NUM_CPUS = 4
+RAY_OBJECT_STORE_BYTES = 1 << 30
+#: The custom resource (`ray start --resources`) of the Ray node that ``--peer-host`` puts the
+#: peer on: Ray places actors by resources, not by address.
+RAY_PEER_RESOURCE = "bench_peer_host"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,9 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--peer-host",
         default=None,
-        help="put the peer (the one-process target of the point-to-point metrics) on the host "
-        "agent at this address (monarch: `tcp://HOST:PORT` of `run_worker_loop_forever` or "
-        "`python -m monarch.host`); default: this host",
+        help="put the peer (the one-process target of the point-to-point metrics) on another "
+        "host (monarch: the agent at `tcp://HOST:PORT`, `run_worker_loop_forever` or `python -m "
+        "monarch.host`; Ray: the node offering the resource RAY_PEER_RESOURCE of the running "
+        "cluster whose head is at `HOST:PORT`, this host being the head's); default: this host",
     )
     p.add_argument(
         "--loop-s",

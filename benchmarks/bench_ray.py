@@ -9,6 +9,9 @@ Same JSON layout and metric keys as bench_monarch_api.py. Mapping:
   gather    : ray.get([a.echo.remote() for a in 4 actors])
   payload   : bytes / numpy passed as an argument (Ray puts it in the object store)
   inproc_rt_us: null (Ray has no in-process actor)
+
+With --peer-host HEAD:PORT it joins that running Ray cluster instead of starting one: the peer's
+actors go to the node offering `_benchutil.RAY_PEER_RESOURCE`, the meshes' stay on this node.
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _benchutil as bu
 import ray
-
-NUM_CPUS = 4
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 
 class Echo:
@@ -58,8 +60,8 @@ def _kill(actors) -> None:
 class RayMesh:
     """``n`` actors: Ray starts one worker process for each."""
 
-    def __init__(self, n: int) -> None:
-        self.actors = [EchoActor.remote() for _ in range(n)]
+    def __init__(self, n: int, options: dict[str, Any]) -> None:
+        self.actors = [EchoActor.options(**options).remote() for _ in range(n)]
 
     def echo_all(self, x) -> None:
         ray.get([a.echo.remote(x) for a in self.actors])
@@ -74,9 +76,9 @@ class RayMesh:
 
 
 class RayPeer:
-    def __init__(self) -> None:
-        self.sync = EchoActor.remote()
-        self.async_ = AsyncEchoActor.remote()
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.sync = EchoActor.options(**options).remote()
+        self.async_ = AsyncEchoActor.options(**options).remote()
         ray.get([self.sync.echo.remote(0), self.async_.echo.remote(0)])
 
     def echo(self, x):
@@ -104,25 +106,38 @@ class Ray:
     def __init__(self) -> None:
         self.name = f"ray=={ray.__version__}"
         self.extra: dict = {}
+        #: `.options()` of the meshes' actors and of the peer's (placement on a two-node cluster).
+        self.mesh_options: dict[str, Any] = {}
+        self.peer_options: dict[str, Any] = {}
 
     def start(self, transport: str | None, peer_host: str | None) -> None:
-        if peer_host is not None:
-            raise ValueError("--peer-host: this adapter runs Ray on one node only")
         if transport not in (None, "tcp"):
             raise ValueError(f"Ray talks over TCP only, not {transport!r}")
-        ray.init(
-            num_cpus=NUM_CPUS,
-            include_dashboard=False,
-            log_to_driver=False,
-            object_store_memory=1 << 30,
-            logging_level="ERROR",
-        )
+        if peer_host is None:
+            ray.init(
+                num_cpus=bu.RAY_NUM_CPUS,
+                include_dashboard=False,
+                log_to_driver=False,
+                object_store_memory=bu.RAY_OBJECT_STORE_BYTES,
+                logging_level="ERROR",
+            )
+            return
+        ray.init(address=peer_host.removeprefix("tcp://"), log_to_driver=False, logging_level="ERROR")
+        if not any(node["Alive"] and bu.RAY_PEER_RESOURCE in node["Resources"] for node in ray.nodes()):
+            raise RuntimeError(
+                f"no node of the Ray cluster at {peer_host} offers the resource {bu.RAY_PEER_RESOURCE!r}; "
+                f"HINT: start it with `ray start --address=... --resources '{{\"{bu.RAY_PEER_RESOURCE}\": 1000}}'`"
+            )
+        # As monarch's `this_host()`: the meshes on the driver's node, only the peer elsewhere.
+        here = ray.get_runtime_context().get_node_id()
+        self.mesh_options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
+        self.peer_options = {"resources": {bu.RAY_PEER_RESOURCE: 1}}
 
     def spawn(self, n: int) -> RayMesh:
-        return RayMesh(n)
+        return RayMesh(n, self.mesh_options)
 
     def spawn_peer(self) -> RayPeer:
-        return RayPeer()
+        return RayPeer(self.peer_options)
 
     def inproc_echo(self):
         raise bu.NotMeasured("Ray has no in-process actor")

@@ -15,21 +15,25 @@ Standard library only, so it runs under any python3.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _benchutil import METRICS  # noqa: E402
+from _benchutil import METRICS, RAY_NUM_CPUS, RAY_OBJECT_STORE_BYTES, RAY_PEER_RESOURCE  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 
@@ -42,7 +46,7 @@ IMPLS = {
 OURS, TM, RAY = "monarch-aio", "torchmonarch", "ray"
 
 #: ``--netns``: the suffix of an implementation's name when its client runs in one network
-#: namespace and its peer on a host agent in another.
+#: namespace and its peer in another (on a host agent; for Ray, on a second node).
 NETNS = "@netns"
 #: The command line of a host agent listening at ``tcp://ADDRESS`` (``{address}``), for the
 #: implementations that can put the peer on another host.
@@ -55,6 +59,12 @@ AGENTS = {
     ],
 }
 AGENT_PORT = 4100
+#: Ray across namespaces: the head's GCS port, and how long its processes get to exit on SIGTERM
+#: before SIGKILL, as `ray stop` does (which cannot be used: it stops every Ray process of the
+#: machine, other sessions' too). Most exit at once; the head's GCS server or autoscaler monitor
+#: may wait on one another for good (seen: 10 s), hence SIGKILL soon.
+RAY_HEAD_PORT = 6379
+RAY_STOP_GRACE_S = 3.0
 #: Implementations that find their own TCP address by resolving the hostname and refuse a
 #: loopback one (torchmonarch: "hostname resolved to no non-loopback, non-link-local address").
 #: With ``--netns`` their processes see a private /etc/hosts naming their namespace's address.
@@ -107,9 +117,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--netns",
         action="store_true",
-        help="also run each implementation that has host agents (monarch-aio, torchmonarch) as "
-        "<name>@netns: the client in one network namespace, the peer on an agent in another "
-        "(tests/netns.py; root only); everything over TCP",
+        help="also run each implementation as <name>@netns: the client in one network namespace, "
+        "the peer in another (monarch-aio, torchmonarch: on a host agent; Ray: on the second "
+        "node of a two-node cluster) (tests/netns.py; root only); everything over TCP",
     )
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
     p.add_argument("--metrics", default=None, help="comma-separated subset of metric keys")
@@ -210,33 +220,28 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str], cluster
     # `monarch` (worker procs are started with `python -c`, which puts cwd on sys.path).
     cwd = os.path.join(run_dir, "cwd")
     os.makedirs(cwd, exist_ok=True)
-    agent = None
     t0 = time.perf_counter()
-    with open(out_log, "w") as so, open(err_log, "w") as se:
+    # The peer's side (exited last) outlives the client.
+    with open(out_log, "w") as so, open(err_log, "w") as se, contextlib.ExitStack() as peer_side:
         if cluster is not None and impl in RESOLVES_HOSTNAME:
             # One host: the bridge's address is this (root) namespace's own.
             here = cluster.hosts[0].address if netns else cluster.bridge_address
             cmd = _hostname_at(here, cmd, run_dir)
         if netns:
-            client_host, agent_host = cluster.hosts
-            address = f"{agent_host.address}:{AGENT_PORT}"
+            client_host = cluster.hosts[0]
             env["MONARCH_TCP_BIND_HOST"] = client_host.address
             env["MONARCH_HOST_SECRET"] = f"bench-{os.getpid()}"
-            agent_cmd = [py, *(word.format(address=address) for word in AGENTS[impl])]
-            if impl in RESOLVES_HOSTNAME:
-                agent_cmd = _hostname_at(agent_host.address, agent_cmd, run_dir)
-            agent = cluster.popen(
-                agent_host.index,
-                agent_cmd,
-                cwd=cwd,
-                env=env,
-                stdout=se,
-                stderr=se,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            _wait_listening(cluster, agent_host.index, AGENT_PORT, agent)
-            cmd = cluster.argv(client_host.index, [*cmd, "--peer-host", f"tcp://{address}"])
+            # Ray's nodes and driver authenticate each other with a token, as monarch's with
+            # the secret (Ray's default would be ~/.ray/auth_token, shared by the machine).
+            env["RAY_AUTH_MODE"] = "token"
+            env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+            start_peer_side = _ray_cluster if impl == RAY else _host_agent
+            try:
+                peer_host = peer_side.enter_context(start_peer_side(impl, py, cluster, env, cwd, se, run_dir))
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                info["error"] = f"the peer's side did not start: {e} (log: {err_log})"
+                return info
+            cmd = cluster.argv(client_host.index, [*cmd, "--peer-host", peer_host])
         proc = subprocess.Popen(
             cmd, cwd=cwd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL, start_new_session=True
         )
@@ -248,9 +253,6 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str], cluster
             _kill_group(proc.pid)  # also reaps worker procs the benchmark left behind
             if rc is None:
                 proc.wait()
-            if agent is not None:
-                _kill_group(agent.pid)  # the agent and the procs it spawned
-                agent.wait()
     info["wall_s"] = round(time.perf_counter() - t0, 1)
     res = _last_json_line(out_log)
     if res is None and os.path.exists(out_json):
@@ -277,6 +279,84 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str], cluster
             + f" (log: {err_log})"
         )
     return info
+
+
+@contextlib.contextmanager
+def _host_agent(
+    impl: str, py: str, cluster, env: dict[str, str], cwd: str, log, run_dir: str
+) -> Iterator[str]:
+    """A host agent of ``impl`` in the second namespace, for as long as the context lasts; yields
+    its ``--peer-host``."""
+    agent_host = cluster.hosts[1]
+    address = f"{agent_host.address}:{AGENT_PORT}"
+    agent_cmd = [py, *(word.format(address=address) for word in AGENTS[impl])]
+    if impl in RESOLVES_HOSTNAME:
+        agent_cmd = _hostname_at(agent_host.address, agent_cmd, run_dir)
+    agent = cluster.popen(
+        agent_host.index,
+        agent_cmd,
+        cwd=cwd,
+        env=env,
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        _wait_listening(cluster, agent_host.index, AGENT_PORT, agent)
+        yield f"tcp://{address}"
+    finally:
+        _kill_group(agent.pid)  # the agent and the procs it spawned
+        agent.wait()
+
+
+@contextlib.contextmanager
+def _ray_cluster(
+    impl: str, py: str, cluster, env: dict[str, str], cwd: str, log, run_dir: str
+) -> Iterator[str]:
+    """A two-node Ray cluster for as long as the context lasts: the head in the client's namespace,
+    a node offering RAY_PEER_RESOURCE (where the peer goes) in the second; yields the head's
+    address (the ``--peer-host`` of bench_ray.py). Afterwards no process of it is left, in either
+    namespace."""
+    ray = os.path.join(os.path.dirname(py), "ray")
+    head, peer = cluster.hosts
+    head_address = f"{head.address}:{RAY_HEAD_PORT}"
+    # Each node its own temp dir (logs, sockets), short: Unix socket paths live under it.
+    temp = tempfile.mkdtemp(prefix="raybench-")
+    common = ["--disable-usage-stats", f"--object-store-memory={RAY_OBJECT_STORE_BYTES}"]
+    head_start = [
+        "--head",
+        f"--port={RAY_HEAD_PORT}",
+        f"--num-cpus={RAY_NUM_CPUS}",
+        "--include-dashboard=false",
+    ]
+    peer_start = [
+        f"--address={head_address}",
+        "--num-cpus=0",
+        "--resources",
+        json.dumps({RAY_PEER_RESOURCE: 1000}),
+    ]
+    try:
+        for host, how in ((head, head_start), (peer, peer_start)):
+            # `ray start` returns once its node is up, leaving the node's processes as daemons.
+            start = [
+                ray,
+                "start",
+                *how,
+                *common,
+                f"--node-ip-address={host.address}",
+                f"--temp-dir={temp}/{host.index}",
+            ]
+            done = cluster.run(host.index, start, timeout=120, cwd=cwd, env=env, stdout=log, stderr=log)
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"`ray start` in namespace {host.netns} exited with code {done.returncode}"
+                )
+        yield head_address
+    finally:
+        for host in (peer, head):
+            cluster.kill_processes(host.index, RAY_STOP_GRACE_S)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _hostname_at(address: str, cmd: list[str], run_dir: str) -> list[str]:
@@ -343,7 +423,7 @@ def main() -> int:
             sys.exit(f"unknown impl {n!r}; choose from {list(IMPLS)}")
     cluster = _cluster(args)
     if cluster is not None:
-        names = names + [n + NETNS for n in names if n in AGENTS]
+        names = names + [n + NETNS for n in names]
     try:
         return _run_and_report(args, names, cluster)
     finally:
@@ -439,11 +519,17 @@ def _run_and_report(args, names: list[str], cluster) -> int:
             + (f" — `monarch` from {meta[n]['monarch_path']}" if meta[n].get("monarch_path") else "")
         )
     lines.append("")
-    # More ratio columns with --netns: ours against torchmonarch across namespaces, and each
+    # More ratio columns with --netns: ours against each peer across namespaces, and each
     # implementation across namespaces against itself on one host.
     pairs = [
         (a, b)
-        for a, b in [(OURS + NETNS, TM + NETNS), (OURS + NETNS, OURS), (TM + NETNS, TM)]
+        for a, b in [
+            (OURS + NETNS, TM + NETNS),
+            (OURS + NETNS, RAY + NETNS),
+            (OURS + NETNS, OURS),
+            (TM + NETNS, TM),
+            (RAY + NETNS, RAY),
+        ]
         if a in names and b in names
     ]
     hdr = (

@@ -96,18 +96,31 @@ def names_of(run: str) -> list[str]:
     return [n for n in spaces + links if _run_of(n)["run"] == run]
 
 
-def _kill_processes_in(netns: str) -> None:
-    """SIGKILL every process in ``netns`` until none is left (a process may fork meanwhile)."""
+def _pids_in(netns: str) -> list[int]:
+    done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=30)
+    return [int(p) for p in done.stdout.split()]
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_processes_in(netns: str, grace_s: float = 0.0) -> None:
+    """SIGKILL every process in ``netns`` until none is left (a process may fork meanwhile); with
+    ``grace_s``, SIGTERM them first and give them that long to exit on their own."""
+    if grace_s > 0:
+        pids = _pids_in(netns)
+        _signal_all(pids, signal.SIGTERM)
+        wait_gone(pids, grace_s)
     for _ in range(10):
-        done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=30)
-        pids = [int(p) for p in done.stdout.split()]
+        pids = _pids_in(netns)
         if not pids:
             return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _signal_all(pids, signal.SIGKILL)
         left = wait_gone(pids, KILL_TIMEOUT_S)
         if left:
             raise NetnsError(f"processes {left} in {netns} survived SIGKILL")
@@ -244,6 +257,11 @@ class Cluster:
         proc = subprocess.Popen(self.argv(i, argv), **kwargs)
         self._popens.append(proc)
         return proc
+
+    def kill_processes(self, i: int, grace_s: float = 0.0) -> None:
+        """Stop every process in host ``i`` (daemons too, which ``popen`` never saw): SIGTERM,
+        SIGKILL for those left after ``grace_s``; return once none is left."""
+        _kill_processes_in(self.hosts[i].netns, grace_s)
 
     def close(self) -> None:
         """Kill the processes of every host and remove the namespaces and links. Idempotent."""
