@@ -13,7 +13,6 @@ from monarch.actor import context
 from monarch.rdma import (
     RDMAAction,
     RDMABuffer,
-    RDMATcpFallbackWarning,
     get_rdma_backend,
     is_ibverbs_available,
     is_rdma_available,
@@ -25,7 +24,9 @@ pytestmark = pytest.mark.timeout(60)
 def test_size_zero_and_unsupported_memory_are_refused() -> None:
     with pytest.raises(ValueError, match=r"^Cannot create RDMABuffer with size 0\.$"):
         RDMABuffer(memoryview(bytearray()))
-    with pytest.raises(ValueError, match="only supports 1d contiguous torch.Tensor or 1d c-contiguous memoryview"):
+    with pytest.raises(
+        ValueError, match="only supports 1d contiguous torch.Tensor or 1d c-contiguous memoryview"
+    ):
         RDMABuffer(memoryview(bytearray(16)).cast("B", (4, 4)))
     with pytest.raises(ValueError, match="Got: bytearray"):
         RDMABuffer(bytearray(16))  # type: ignore[arg-type]
@@ -37,9 +38,13 @@ def test_size_zero_and_unsupported_memory_are_refused() -> None:
 def test_sizes_are_checked_when_an_operation_is_queued() -> None:
     buf = RDMABuffer(memoryview(bytearray(100)))
     try:
-        with pytest.raises(ValueError, match=r"destination local memory size \(99\) must be >= remote buffer size \(100\)"):
+        with pytest.raises(
+            ValueError, match=r"destination local memory size \(99\) must be >= remote buffer size \(100\)"
+        ):
             buf.read_into(memoryview(bytearray(99)))
-        with pytest.raises(ValueError, match=r"source local memory size \(101\) must be <= remote buffer size \(100\)"):
+        with pytest.raises(
+            ValueError, match=r"source local memory size \(101\) must be <= remote buffer size \(100\)"
+        ):
             buf.write_from(memoryview(bytearray(101)))
         with pytest.raises(ValueError, match="read-only"):
             buf.read_into(memoryview(bytes(100)))

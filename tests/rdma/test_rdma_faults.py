@@ -45,7 +45,11 @@ def mesh(monkeypatch: pytest.MonkeyPatch) -> Iterator[ProcMesh]:
 def freeze(pid: int) -> None:
     """SIGSTOP ``pid`` and wait until it is stopped (signals to other processes take a while)."""
     os.kill(pid, signal.SIGSTOP)
-    wait_until(lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T", timeout=5, what="the stop")
+    wait_until(
+        lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T",
+        timeout=5,
+        what="the stop",
+    )
 
 
 def test_a_dropped_buffer_fails_reads_and_writes_with_monarchs_error(mesh: ProcMesh, backend: str) -> None:
@@ -118,7 +122,11 @@ def test_an_owner_killed_during_a_served_transfer_fails_it_well_before_the_timeo
 
 def test_a_one_sided_copy_from_a_dead_process_says_it_is_gone() -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", "import ctypes,sys; b=ctypes.create_string_buffer(8192); print(ctypes.addressof(b), flush=True); sys.stdin.read()"],
+        [
+            sys.executable,
+            "-c",
+            "import ctypes,sys; b=ctypes.create_string_buffer(8192); print(ctypes.addressof(b), flush=True); sys.stdin.read()",
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

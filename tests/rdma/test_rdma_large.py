@@ -42,7 +42,12 @@ def test_one_gib_is_read_whole() -> None:
         elapsed = time.monotonic() - start
         print(f"1 GiB read in {elapsed:.2f} s ({GIB / elapsed / 1e9:.2f} GB/s)")
         tail = memoryview(pattern)[8:]
-        bad = [i for i in range(GIB // MIB) if view[i * MIB : i * MIB + 8] != i.to_bytes(8, "little") or view[i * MIB + 8 : (i + 1) * MIB] != tail]
+        bad = [
+            i
+            for i in range(GIB // MIB)
+            if view[i * MIB : i * MIB + 8] != i.to_bytes(8, "little")
+            or view[i * MIB + 8 : (i + 1) * MIB] != tail
+        ]
         assert not bad, f"{len(bad)} MiB differ, first {bad[0]}"
     finally:
         pm.stop().get(timeout=30)
