@@ -101,7 +101,7 @@ def submit(ops: list[Operation], timeout: float) -> Future[None]:
         if last:
             set_result(result, None)
 
-    futures = [_start(op) for op in ops]
+    futures = [_start(op, timeout) for op in ops]
     for f in futures:
         add_done_callback(f, one_done)
     if not result.done():
@@ -121,7 +121,7 @@ def _fail_at_deadline(futures: list[Future[None]], ops: list[Operation], timeout
     rt.loop.call_soon_threadsafe(rt.loop.call_later, timeout, expire)
 
 
-def _start(op: Operation) -> Future[None]:
+def _start(op: Operation, timeout: float) -> Future[None]:
     done: Future[None] = pending_future()
     try:
         rt = runtime()
@@ -135,7 +135,7 @@ def _start(op: Operation) -> Future[None]:
             and op.remote.host == vm_copy.host_identity()
             and op.remote.host not in _vm_forbidden
         ):
-            _VmTransfer(op, done).start()
+            _VmTransfer(op, done).start(timeout)
         else:
             why = (
                 "forced by MONARCH_RDMA_BACKEND=tcp"
@@ -200,8 +200,9 @@ class _VmTransfer:
         self._done = done
         self._replies = _Replies(op, done, self._pinned)
 
-    def start(self) -> None:
-        header = rdma(RDMA_PIN, self._op.remote.buffer_id, self._replies.reply_to(), timeout=60.0)
+    def start(self, timeout: float) -> None:
+        # The pin lasts as long as the transfer may: a drop waits for it no longer than that.
+        header = rdma(RDMA_PIN, self._op.remote.buffer_id, self._replies.reply_to(), timeout=timeout)
         runtime().send(self._op.remote.address, header, [b""])
 
     def _pinned(self, value: tuple[int, int, int], _: Any) -> None:
@@ -227,15 +228,14 @@ class _VmTransfer:
             _ServedTransfer(op, self._done).start()
             return
         except vm_copy.OwnerGone as e:
-            set_exception(
-                self._done,
-                RuntimeError(f"{op.describe()} failed: the owner's process (pid {pid}) is gone ({e})."),
-            )
-            return
+            error = RuntimeError(f"{op.describe()} failed: the owner's process (pid {pid}) is gone ({e}).")
+            set_exception(self._done, error)
         except Exception as e:
+            self._release(pin_id)
             set_exception(self._done, e)
-        self._release(pin_id)
-        set_result(self._done, None)
+        else:
+            self._release(pin_id)
+            set_result(self._done, None)
 
     def _release(self, pin_id: int) -> None:
         try:
