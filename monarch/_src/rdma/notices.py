@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import warnings
 
@@ -40,5 +42,15 @@ def notice_served_transfer(why: str) -> None:
         "directly where the kernel allows it.\nHINT: set MONARCH_RDMA_ALLOW_TCP_FALLBACK=0 "
         "(monarch.configure(rdma_allow_tcp_fallback=False)) to fail instead.",
         RDMATcpFallbackWarning,
-        stacklevel=4,
+        stacklevel=_caller_level(),
     )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first caller outside this package (the user's transfer; a
+    copy thread's own frame when the fallback is found there)."""
+    here = os.path.dirname(__file__)
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and os.path.dirname(frame.f_code.co_filename) == here:
+        frame, level = frame.f_back, level + 1
+    return level
