@@ -172,14 +172,14 @@ class Registry:
                 self.drop(buffer_id, lambda: self._reply(reply, None))
                 return
             if op == RDMA_PIN:
-                pin_id, memory = self.pin(buffer_id, reply[0], header.get(RDMA_TIMEOUT, 60.0))
+                pin_id, memory = self.pin(buffer_id, reply[0], header[RDMA_TIMEOUT])
                 self._reply(reply, (pin_id, os.getpid(), memory.address))
                 return
             reg = self._buffers.get(buffer_id)
             if reg is None or reg.drop_waiters is not None:
                 raise BufferDropped(buffer_id)
             memory = reg.memory
-            offset = header.get(RDMA_OFFSET, 0)
+            offset = header[RDMA_OFFSET]
             if op == RDMA_READ:
                 end = offset + header[RDMA_LENGTH]
                 _check_range(offset, end, memory.size)

@@ -21,7 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from monarch._src.actor.future import Future, add_done_callback, pending_future, set_exception, set_result
+from monarch._src.actor.future import (
+    Future,
+    add_done_callback,
+    pending_future,
+    set_exception,
+    set_result,
+    when_all_succeeded,
+)
 from monarch._src.actor.port import PortHandler
 from monarch._src.actor.process_state import runtime
 from monarch._src.rdma import vm_copy
@@ -83,27 +90,8 @@ class Operation:
 def submit(ops: list[Operation], timeout: float) -> Future[None]:
     """Run ``ops`` concurrently; the Future resolves once all succeeded, or fails with the
     first error (or ``TimeoutError`` after ``timeout`` seconds)."""
-    result: Future[None] = pending_future()
-    if not ops:
-        set_result(result, None)
-        return result
-    left = [len(ops)]
-    lock = threading.Lock()
-
-    def one_done(f: Future[Any]) -> None:
-        exc = f.exception(0)
-        if exc is not None:
-            set_exception(result, exc)
-            return
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last:
-            set_result(result, None)
-
     futures = [_start(op, timeout) for op in ops]
-    for f in futures:
-        add_done_callback(f, one_done)
+    result = when_all_succeeded(futures, None)
     if not result.done():
         _fail_at_deadline(futures, ops, timeout)
     return result

@@ -326,11 +326,12 @@ def shm_give_back(names: list[str]) -> dict[str, Any]:
 def rdma(
     op: int, buffer: int, reply: list | None, offset: int = 0, length: int = 0, timeout: float = 0
 ) -> dict[str, Any]:
-    header: dict[str, Any] = {KIND: RDMA_KIND, RDMA_OP: op, RDMA_BUFFER: buffer, REPLY_PORT: reply}
-    if offset:
-        header[RDMA_OFFSET] = offset
-    if length:
-        header[RDMA_LENGTH] = length
-    if timeout:
-        header[RDMA_TIMEOUT] = timeout
-    return header
+    return {
+        KIND: RDMA_KIND,
+        RDMA_OP: op,
+        RDMA_BUFFER: buffer,
+        REPLY_PORT: reply,
+        RDMA_OFFSET: offset,
+        RDMA_LENGTH: length,
+        RDMA_TIMEOUT: timeout,
+    }
