@@ -8,6 +8,7 @@ owns the bytes in one proc and moves them from a peer proc (another host with ``
 times are taken in the peer, around the transfer only.
 
 Run (root, for --netns): .venv/bin/python benchmarks/bench_rdma.py --netns
+(torchmonarch from ``bash benchmarks/setup_peers.sh``, or a ``.venvs`` link to a checkout's.)
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import run_all  # noqa: E402  (the peers' agents across namespaces, as the actor benchmarks start them)
+
 MiB = 1 << 20
 TORCHMONARCH = ROOT / ".venvs" / "torchmonarch" / "bin" / "python"
 #: ``endpoint_arg``: the owner gets the array as an argument (on one host, mapped from
@@ -31,7 +35,7 @@ TORCHMONARCH = ROOT / ".venvs" / "torchmonarch" / "bin" / "python"
 METRICS = ("read_into", "write_from", "endpoint_arg", "endpoint_arg_into")
 
 
-def measure(size: int, rounds: int) -> dict[str, list[float]]:
+def measure(size: int, rounds: int, peer_host: str | None) -> dict[str, list[float]]:
     """Seconds per round of each metric, taken in the peer proc."""
     import numpy as np
 
@@ -71,12 +75,13 @@ def measure(size: int, rounds: int) -> dict[str, list[float]]:
                     times[metric].append(time.perf_counter() - start)
             return {m: t[1:] for m, t in times.items()}
 
-    hosts_env = os.environ.get("BENCH_RDMA_HOSTS")
-    if hosts_env:  # owner on the first host, peer on the second (monarch-aio's host agents)
-        from monarch.actor import hosts_from_config
+    if peer_host is not None:  # the owner on this client's host, the peer on the agent's
+        from monarch.actor import attach_to_workers, enable_transport
 
-        procs = hosts_from_config("BENCH_RDMA_HOSTS").spawn_procs(per_host={"gpus": 1})
-        owner_procs, peer_procs = procs.slice(hosts=0), procs.slice(hosts=1)
+        enable_transport("tcp")
+        hosts = attach_to_workers(ca="trust_all_connections", workers=[peer_host])
+        owner_procs = this_host().spawn_procs(per_host={"gpus": 1})
+        peer_procs = hosts.spawn_procs(per_host={"gpus": 1})
     else:
         procs = this_host().spawn_procs(per_host={"gpus": 2})
         owner_procs, peer_procs = procs.slice(gpus=0), procs.slice(gpus=1)
@@ -86,69 +91,88 @@ def measure(size: int, rounds: int) -> dict[str, list[float]]:
     return peer.run.call_one(owner, buffer, size, rounds).get()
 
 
-def _client(python: str, size: int, rounds: int, cwd: str, env: dict[str, str]) -> dict[str, list[float]]:
-    with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
-        cmd = [
-            python,
-            str(Path(__file__).resolve()),
-            "--measure",
-            out.name,
-            "--size",
-            str(size),
-            "--rounds",
-            str(rounds),
-        ]
-        done = subprocess.run(
-            cmd, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, timeout=600
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-        return json.loads(Path(out.name).read_text())
+def _client(cmd: list[str], cwd: str, env: dict[str, str], out: str) -> dict[str, list[float]]:
+    done = subprocess.run(
+        cmd, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, timeout=600
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(Path(out).read_text())
+
+
+def _run_placement(
+    name: str, python: str, args: argparse.Namespace, cluster: object, work: str
+) -> dict[str, list[float]]:
+    """One measuring client of implementation ``name`` (``@netns``: the client in the
+    cluster's first namespace, the peer on an agent in the second, started here)."""
+    impl = name.removesuffix(run_all.NETNS)
+    # torchmonarch runs outside the repository: its workers import `monarch` from the cwd.
+    cwd = str(ROOT) if impl == run_all.OURS else work
+    out = os.path.join(work, f"{name}.json")
+    cmd = [
+        python,
+        str(Path(__file__).resolve()),
+        "--measure",
+        out,
+        "--size",
+        str(args.size),
+        "--rounds",
+        str(args.rounds),
+    ]
+    if not name.endswith(run_all.NETNS):
+        return _client(cmd, cwd, {}, out)
+    client_host, agent_host = cluster.hosts  # type: ignore[attr-defined]
+    address = f"{agent_host.address}:{run_all.AGENT_PORT}"
+    env = {"MONARCH_TCP_BIND_HOST": client_host.address, "MONARCH_HOST_SECRET": f"bench-{os.getpid()}"}
+    agent_cmd = [python, *(word.format(address=address) for word in run_all.AGENTS[impl])]
+    cmd = [*cmd, "--peer-host", f"tcp://{address}"]
+    if impl in run_all.RESOLVES_HOSTNAME:
+        agent_cmd = run_all._hostname_at(agent_host.address, agent_cmd, work)
+        cmd = run_all._hostname_at(client_host.address, cmd, work)
+    agent = cluster.popen(  # type: ignore[attr-defined]
+        agent_host.index,
+        agent_cmd,
+        cwd=cwd,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        run_all._wait_listening(cluster, agent_host.index, run_all.AGENT_PORT, agent)
+        return _client(cluster.argv(client_host.index, cmd), cwd, env, out)  # type: ignore[attr-defined]
+    finally:
+        run_all._kill_group(agent.pid)  # the agent and the procs it spawned
+        agent.wait()
 
 
 def drive(args: argparse.Namespace) -> None:
-    placements: dict[str, tuple[str, str, dict[str, str]]] = {"monarch-aio": (sys.executable, str(ROOT), {})}
+    pythons = {run_all.OURS: sys.executable}
     if TORCHMONARCH.exists():
-        # Outside the repository: its workers import `monarch` from the current directory.
-        placements["torchmonarch"] = (str(TORCHMONARCH), tempfile.gettempdir(), {})
-    cluster = agents = None
+        pythons[run_all.TM] = str(TORCHMONARCH)
+    names = list(pythons)
+    cluster = None
     if args.netns:
-        sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "hosts")]
+        sys.path.insert(0, str(ROOT / "tests"))
         import netns
-        from tcp_helpers import ClusterAgents
 
         reason = netns.unavailable_reason()
         if reason:
             sys.exit(f"--netns: {reason}")
         cluster = netns.Cluster(2).__enter__()
-        secret = Path(tempfile.mkdtemp()) / "secret"
-        secret.write_text("bench-rdma-secret")
-        secret.chmod(0o600)
-        agents = ClusterAgents(cluster, str(secret))
-        placements["monarch-aio@netns"] = (
-            sys.executable,
-            str(ROOT),
-            {
-                "MONARCH_TRANSPORT": "tcp",
-                "MONARCH_TCP_BIND_HOST": cluster.bridge_address,
-                "BENCH_RDMA_HOSTS": ",".join(agents.addresses),
-                "MONARCH_HOST_SECRET_FILE": str(secret),
-            },
-        )
-    samples: dict[str, dict[str, list[float]]] = {p: {m: [] for m in METRICS} for p in placements}
+        names += [name + run_all.NETNS for name in pythons]
+    samples: dict[str, dict[str, list[float]]] = {n: {m: [] for m in METRICS} for n in names}
+    work = tempfile.mkdtemp(prefix="bench-rdma-")
     try:
         for i in range(args.passes):
-            for name, (python, cwd, env) in placements.items():
-                for metric, times in _client(python, args.size, args.rounds, cwd, env).items():
+            for name in names:
+                python = pythons[name.removesuffix(run_all.NETNS)]
+                for metric, times in _run_placement(name, python, args, cluster, work).items():
                     samples[name][metric].extend(times)
                 print(f"pass {i + 1}/{args.passes}: {name} done", file=sys.stderr, flush=True)
     finally:
-        if agents is not None:
-            for agent in agents.procs:
-                agent.kill()
-                agent.wait()
         if cluster is not None:
-            cluster.close()
+            cluster.close()  # type: ignore[attr-defined]
     print(table(samples, args.size))
 
 
@@ -181,12 +205,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="measured rounds per client, after one warm-up")
     p.add_argument("--passes", type=int, default=2, help="interleaved passes over the implementations")
     p.add_argument(
-        "--netns", action="store_true", help="also monarch-aio across two network namespaces (root)"
+        "--netns", action="store_true", help="also each implementation across two network namespaces (root)"
     )
     p.add_argument("--measure", metavar="OUT", help=argparse.SUPPRESS)  # a measuring client
+    p.add_argument("--peer-host", help=argparse.SUPPRESS)  # ... whose peer is on this agent
     args = p.parse_args()
     if args.measure:
-        Path(args.measure).write_text(json.dumps(measure(args.size, args.rounds)))
+        Path(args.measure).write_text(json.dumps(measure(args.size, args.rounds, args.peer_host)))
         os._exit(0)  # skip interpreter teardown: the procs go with this client
     drive(args)
 
