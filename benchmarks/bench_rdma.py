@@ -190,12 +190,13 @@ def table(samples: dict[str, dict[str, list[float]]], size: int) -> str:
         lines.append(
             f"| {name} | {r:.2f} GB/s | {w:.2f} GB/s | {e:.2f} GB/s | {c:.2f} GB/s | {r / e:.2f}x | {w / e:.2f}x | {r / c:.2f}x |"
         )
-    if "torchmonarch" in samples:
-        lines.append("")
-        for m in METRICS[:2]:
-            lines.append(
-                f"monarch-aio / torchmonarch, {m}: {rate('monarch-aio', m) / rate('torchmonarch', m):.1f}x"
-            )
+    lines.append("")
+    for suffix in ("", run_all.NETNS):
+        ours, theirs = run_all.OURS + suffix, run_all.TM + suffix
+        if ours in samples and theirs in samples:
+            for m in METRICS[:2]:
+                lines.append(f"{ours} / {theirs}, {m}: {rate(ours, m) / rate(theirs, m):.1f}x  ")
+    lines.append(f"(load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
     return "\n".join(lines)
 
 
