@@ -43,6 +43,7 @@ def test_getting_started_example_runs() -> None:
     assert "Mesh failure was not handled: MeshFailure(mesh_name=errorful" in out
     assert out.index("Failure received") < out.index("parent still running")
     assert out.index("Mesh failure was not handled") < out.index("parent still running")
+    assert "RDMA weights synced: True" in out  # Point-to-Point RDMA
     # Logging: the eight workers' greetings arrive aggregated, whenever the 3 s window closes
     # (or at exit): normally as one "[8 similar log lines] hello from gpus=N" line, split in
     # two only if a loaded machine spread them over two windows. The rest is checked without.

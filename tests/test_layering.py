@@ -50,6 +50,7 @@ DEPENDS_ON: dict[str, set[str]] = {
     "host": {"actor"},
     "launch": {"host"},
     "spmd": {"host"},
+    "rdma": {"actor"},
 }
 
 #: The modules of ``_src/actor/``, lowest first (see rule 3).

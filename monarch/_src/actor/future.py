@@ -304,6 +304,30 @@ def outcome(future: Future[R]) -> tuple[R | None, BaseException | None]:
     return future._value, future._exc
 
 
+def when_all_succeeded(futures: list[Future[Any]], value: R) -> Future[R]:
+    """Resolves with ``value`` once every one of ``futures`` succeeded, or fails with the first
+    exception among them (at once, without waiting for the others)."""
+    result: Future[R] = pending_future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(f: Future[Any]) -> None:
+        if f._exc is not None:
+            set_exception(result, f._exc)
+            return
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            set_result(result, value)
+
+    if not futures:
+        set_result(result, value)
+    for f in futures:
+        add_done_callback(f, one_done)
+    return result
+
+
 def when_all_done(
     futures: list[Future[Any]], deadline_s: float | None = None, on_deadline: Callable[[], None] | None = None
 ) -> Future[None]:

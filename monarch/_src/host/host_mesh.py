@@ -14,11 +14,10 @@ from monarch._src.actor.future import (
     Future,
     add_done_callback,
     completed_future,
-    outcome,
     pending_future,
-    set_exception,
     set_result,
     when_all_done,
+    when_all_succeeded,
 )
 from monarch._src.actor.proc_mesh import ProcMesh, ProcOwner, run_bootstrap
 from monarch._src.actor.process_state import retire_runtime
@@ -197,26 +196,7 @@ class HostMesh(MeshTrait):
 
 
 def _all_attached(hosts: list[Host]) -> Future[bool]:
-    done: Future[bool] = pending_future()
-    left = [len(hosts)]
-    lock = threading.Lock()
-
-    def one(f: Future[str]) -> None:
-        _, exc = outcome(f)
-        if exc is not None:
-            set_exception(done, exc)
-            return
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last:
-            set_result(done, True)
-
-    if not hosts:
-        set_result(done, True)
-    for host in hosts:
-        add_done_callback(host.session, one)
-    return done
+    return when_all_succeeded([host.session for host in hosts], True)
 
 
 class _Attachment:

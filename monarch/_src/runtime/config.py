@@ -93,6 +93,21 @@ class RuntimeConfig:
     tls_key: str = field(default_factory=lambda: os.environ.get("MONARCH_TLS_KEY", ""))
     #: The CA certificates (PEM) that a peer's certificate must be signed by.
     tls_ca: str = field(default_factory=lambda: os.environ.get("MONARCH_TLS_CA", ""))
+    #: How ``monarch.rdma`` moves bytes: "auto" (one-sided memory copies between processes of
+    #: one host, chunks served by the owner's runtime between hosts), "tcp" (always the served
+    #: chunks, also on one host) or "none" (``RDMABuffer`` refuses to be made). Read in each
+    #: process that makes a buffer or transfers.
+    rdma_backend: str = field(default_factory=lambda: os.environ.get("MONARCH_RDMA_BACKEND", "auto"))
+    #: Monarch's switch for the software path: False makes "auto" mean "none" where no ibverbs
+    #: device is used, so that ``RDMABuffer`` fails instead of falling back.
+    rdma_allow_tcp_fallback: bool = field(
+        default_factory=lambda: (
+            os.environ.get("MONARCH_RDMA_ALLOW_TCP_FALLBACK", "1") not in ("0", "false", "False")
+        )
+    )
+    #: Bytes per request when the owner's runtime serves a buffer in chunks (four are in
+    #: flight per transfer), and per system call of a one-sided copy.
+    rdma_chunk_bytes: int = field(default_factory=lambda: _int_env("MONARCH_RDMA_CHUNK_BYTES", 8 << 20))
 
 
 #: The values of the ``transport`` setting.

@@ -39,6 +39,8 @@ HOST_HELLO_KIND = 10
 FORWARD_KIND = 11
 #: The replies of several ranks to one port, gathered on their host (tree multicast).
 PORT_BATCH_KIND = 12
+#: ``monarch.rdma``: a request to the runtime of the process that registered a buffer.
+RDMA_KIND = 13
 #: "I no longer use these shared-memory files you lent me" (runtime-internal).
 SHM_GIVE_BACK_KIND = 64
 
@@ -55,6 +57,7 @@ KINDS = (
     HOST_HELLO_KIND,
     FORWARD_KIND,
     PORT_BATCH_KIND,
+    RDMA_KIND,
     SHM_GIVE_BACK_KIND,
 )
 
@@ -123,6 +126,16 @@ GATHER = "g"
 REPLIES = "v"
 #: SHM_GIVE_BACK: names of the files given back.
 FILE_NAMES = "n"
+#: RDMA: what is asked (one of the ``RDMA_*`` operations below).
+RDMA_OP = "o"
+#: RDMA: the buffer's registration id in the owner's process.
+RDMA_BUFFER = "u"
+#: RDMA: where in the buffer a chunk starts; for RDMA_RELEASE, the pin's id.
+RDMA_OFFSET = "f"
+#: RDMA_READ: how many bytes to send back.
+RDMA_LENGTH = "l"
+#: RDMA_PIN: seconds the pin may last before the owner lets it go.
+RDMA_TIMEOUT = "t"
 #: Any frame sent between processes: indexes of the bodies that are shared-memory file names.
 SHM_MOVED = "shm"
 #: ... of those, the bodies to rebuild as ``bytes``.
@@ -138,6 +151,19 @@ SEQUENCE = "q"
 
 #: PORT flag: the payload is an exception for the receiver to raise.
 FLAG_EXCEPTION = 1
+
+# RDMA operations (``RDMA_OP``); each but RDMA_RELEASE is answered on ``REPLY_PORT``.
+#: Keep the buffer's memory registered while the asker copies it itself; answers
+#: ``(pin id, pid, address)``.
+RDMA_PIN = 1
+#: The pin ``RDMA_OFFSET`` is no longer needed (one-way).
+RDMA_RELEASE = 2
+#: Send ``RDMA_LENGTH`` bytes from ``RDMA_OFFSET``: the answer's second body.
+RDMA_READ = 3
+#: Copy the frame's second body to ``RDMA_OFFSET``.
+RDMA_WRITE = 4
+#: Unregister the buffer once no pin holds it.
+RDMA_DROP = 5
 
 # Keys of the log options map (``LOG_OPTIONS``); a spawner reads them from a control line.
 #: Forward output to the client.
@@ -166,6 +192,7 @@ FIELDS: dict[int, tuple[str, ...]] = {
     HOST_HELLO_KIND: (REPLY_PORT, ROOT, NONCE),
     FORWARD_KIND: (ACTOR, ENDPOINT, REPLY_PORT, EXTENT, TARGETS, SENDER, GATHER),
     PORT_BATCH_KIND: (PORT_ID, REPLIES),
+    RDMA_KIND: (RDMA_OP, RDMA_BUFFER, REPLY_PORT, RDMA_OFFSET, RDMA_LENGTH, RDMA_TIMEOUT),
     SHM_GIVE_BACK_KIND: (FILE_NAMES,),
 }
 
@@ -294,3 +321,17 @@ def port_batch(port_id: int, replies: list[list[int]]) -> dict[str, Any]:
 
 def shm_give_back(names: list[str]) -> dict[str, Any]:
     return {KIND: SHM_GIVE_BACK_KIND, FILE_NAMES: names}
+
+
+def rdma(
+    op: int, buffer: int, reply: list | None, offset: int = 0, length: int = 0, timeout: float = 0
+) -> dict[str, Any]:
+    return {
+        KIND: RDMA_KIND,
+        RDMA_OP: op,
+        RDMA_BUFFER: buffer,
+        REPLY_PORT: reply,
+        RDMA_OFFSET: offset,
+        RDMA_LENGTH: length,
+        RDMA_TIMEOUT: timeout,
+    }
