@@ -294,6 +294,9 @@ class Mesh(Protocol):
     def echo_all(self, x: Any) -> None:
         """Echo ``x`` on every actor; return once all replied."""
 
+    def echo_all_async(self, x: Any) -> Awaitable[Any]:
+        """``echo_all`` as something to await (all the replies, gathered)."""
+
     def worker_pid(self) -> int:
         """The pid of the worker process of a one-process mesh."""
 
@@ -341,6 +344,9 @@ class Impl(Protocol):
 
     def inproc_echo(self) -> Callable[[Any], Any]:
         """A blocking round trip to an actor in this process (raise NotMeasured where none)."""
+
+    def inproc_echo_async(self) -> Callable[[Any], Awaitable[Any]]:
+        """The same round trip as ``inproc_echo``, as something to await from a coroutine."""
 
     def shutdown(self) -> None:
         """Undo ``start``, after the result is printed."""
@@ -444,9 +450,24 @@ def _gather_per_s(r: Run) -> list[float]:
         mesh.stop()
 
 
+def _gather_await_per_s(r: Run) -> list[float]:
+    mesh = r.impl.spawn(4)
+    try:
+        mesh.echo_all(0)
+        echo = mesh.echo_all_async
+        return sample_rounds(r.args, lambda: 1.0 / asyncio.run(timed_loop_async(echo, 2000, r.args.loop_s)))
+    finally:
+        mesh.stop()
+
+
 def _inproc_rt_us(r: Run) -> list[float]:
     echo = r.impl.inproc_echo()
     return sample_rounds(r.args, lambda: timed_loop(echo, 2000, r.args.loop_s) * 1e6)
+
+
+def _inproc_rt_await_us(r: Run) -> list[float]:
+    echo = r.impl.inproc_echo_async()
+    return sample_rounds(r.args, lambda: asyncio.run(timed_loop_async(echo, 2000, r.args.loop_s)) * 1e6)
 
 
 @dataclass(frozen=True)
@@ -501,7 +522,23 @@ METRICS = [
         on_peer=True,
     ),
     Metric("gather_per_s", "call() on 4-proc mesh + get()", "gathers/s", "{:,.0f}", True, _gather_per_s),
-    Metric("inproc_rt_us", "in-process actor round trip", "µs", "{:,.1f}", False, _inproc_rt_us),
+    Metric(
+        "gather_await_per_s",
+        "await call() on 4-proc mesh",
+        "gathers/s",
+        "{:,.0f}",
+        True,
+        _gather_await_per_s,
+    ),
+    Metric("inproc_rt_us", "in-process actor round trip .get()", "µs", "{:,.1f}", False, _inproc_rt_us),
+    Metric(
+        "inproc_rt_await_us",
+        "in-process actor round trip, await",
+        "µs",
+        "{:,.1f}",
+        False,
+        _inproc_rt_await_us,
+    ),
 ]
 
 

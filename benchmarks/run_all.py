@@ -3,6 +3,7 @@
 
     bash benchmarks/setup_peers.sh          # once: creates .venvs/torchmonarch and .venvs/ray
     python3 benchmarks/run_all.py [--quick] [--passes N] [--rounds N] [--impls a,b,c]
+    python3 benchmarks/run_all.py --floor   # monarch-aio against the raw socket floor only
 
 Each "pass" runs every implementation once, in a rotating order, as its own
 subprocess (with a timeout); samples from all passes are pooled and the median
@@ -42,8 +43,12 @@ IMPLS = {
     "monarch-aio": (os.path.join(ROOT, ".venv", "bin", "python"), "bench_monarch_api.py"),
     "torchmonarch": (os.path.join(ROOT, ".venvs", "torchmonarch", "bin", "python"), "bench_monarch_api.py"),
     "ray": (os.path.join(ROOT, ".venvs", "ray", "bin", "python"), "bench_ray.py"),
+    # The same messaging workloads with no framework (uvloop + msgpack over Unix sockets).
+    "floor": (os.path.join(ROOT, ".venv", "bin", "python"), "bench_floor.py"),
 }
-OURS, TM, RAY = "monarch-aio", "torchmonarch", "ray"
+OURS, TM, RAY, FLOOR = "monarch-aio", "torchmonarch", "ray", "floor"
+#: ``--baseline PYTHON``: monarch-aio from another checkout's interpreter, under this name.
+BASELINE = "monarch-aio@baseline"
 
 #: ``--netns``: the suffix of an implementation's name when its client runs in one network
 #: namespace and its peer in another (on a host agent; for Ray, on a second node).
@@ -86,6 +91,17 @@ TARGETS = {
     "idle_worker_rss_mb": ("<= 50 MB", "abs", "<=", 50.0),
 }
 
+#: ``--floor``: the messaging metrics, against the floor's figure for the same workload.
+FLOOR_TARGETS = {
+    "rt_sync_us": ("<= 1.5x floor", "vs_floor", "<=", 1.5),
+    "rt_await_us": ("<= 1.5x floor", "vs_floor", "<=", 1.5),
+    "gather_per_s": (">= 0.6x floor", "vs_floor", ">=", 0.6),
+    "gather_await_per_s": (">= 0.6x floor", "vs_floor", ">=", 0.6),
+    "outstanding_calls_per_s": (">= 0.5x floor", "vs_floor", ">=", 0.5),
+    "inproc_rt_us": ("<= 10 µs", "abs", "<=", 10.0),
+    "inproc_rt_await_us": ("<= 10 µs", "abs", "<=", 10.0),
+}
+
 _BENCH_LINE = re.compile(r"^\[bench\] (\w+) \.\.\.$")
 
 
@@ -121,7 +137,23 @@ def parse_args() -> argparse.Namespace:
         "the peer in another (monarch-aio, torchmonarch: on a host agent; Ray: on the second "
         "node of a two-node cluster) (tests/netns.py; root only); everything over TCP",
     )
-    p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
+    p.add_argument(
+        "--impls",
+        default=",".join(n for n in IMPLS if n != FLOOR),
+        help="comma-separated subset of " + ",".join(IMPLS),
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="monarch-aio and the floor only, alternately, on the messaging metrics (unless "
+        "--metrics says otherwise), with the floor targets",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="PYTHON",
+        help=f"also run monarch-aio under this interpreter (another checkout's venv) as {BASELINE}",
+    )
     p.add_argument("--metrics", default=None, help="comma-separated subset of metric keys")
     p.add_argument("--out-dir", default=os.path.join(HERE, "out"))
     a = p.parse_args()
@@ -134,6 +166,12 @@ def parse_args() -> argparse.Namespace:
         p.error("--netns compares over TCP: leave --transport out or say tcp")
     if a.netns:
         a.transport = "tcp"
+    if a.floor:
+        a.impls = f"{OURS},{FLOOR}"
+        a.metrics = a.metrics or ",".join(FLOOR_TARGETS)
+    if a.baseline:
+        IMPLS[BASELINE] = (a.baseline, IMPLS[OURS][1])
+        a.impls += "," + BASELINE
     return a
 
 
@@ -524,6 +562,8 @@ def _run_and_report(args, names: list[str], cluster) -> int:
     pairs = [
         (a, b)
         for a, b in [
+            (OURS, FLOOR),
+            (OURS, BASELINE),
             (OURS + NETNS, TM + NETNS),
             (OURS + NETNS, RAY + NETNS),
             (OURS + NETNS, OURS),
@@ -532,6 +572,7 @@ def _run_and_report(args, names: list[str], cluster) -> int:
         ]
         if a in names and b in names
     ]
+    targets = FLOOR_TARGETS if args.floor else TARGETS
     hdr = (
         ["metric"]
         + names
@@ -555,10 +596,15 @@ def _run_and_report(args, names: list[str], cluster) -> int:
             r = ratio(get(a, m), get(b, m))
             row.append(f"{r:.3g}x" if r is not None else "—")
         verdict = "n/a"
-        tgt = TARGETS.get(m)
+        tgt = targets.get(m)
         if tgt:
             desc, kind, op, val = tgt
-            x = {"vs_tm": r_tm, "vs_ray": r_ray, "abs": get(OURS, m)}[kind]
+            x = {
+                "vs_tm": r_tm,
+                "vs_ray": r_ray,
+                "vs_floor": ratio(get(OURS, m), get(FLOOR, m)),
+                "abs": get(OURS, m),
+            }[kind]
             if x is not None:
                 verdict = "yes" if (x <= val if op == "<=" else x >= val) else "NO"
             row.append(desc)
