@@ -65,12 +65,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "cluster whose head is at `HOST:PORT`, this host being the head's); default: this host",
     )
     p.add_argument(
+        "--client-loop",
+        choices=["asyncio", "uvloop"],
+        default=None,
+        help="the event loop the benchmark's coroutines await on (default: asyncio's own; "
+        "bench_floor.py: uvloop)",
+    )
+    p.add_argument(
         "--loop-s",
         type=float,
         default=1.0,
         help="max seconds of one round of a call loop (round trip, gather)",
     )
     return p.parse_args(argv)
+
+
+def run_coroutine(args: argparse.Namespace, coro: Awaitable[Any]) -> Any:
+    """Run ``coro`` to completion on a new event loop of the kind ``--client-loop`` names."""
+    if args.client_loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro)  # type: ignore[arg-type]
+    return asyncio.run(coro)  # type: ignore[arg-type]
 
 
 def rss_mb(pid: int) -> float | None:
@@ -136,6 +152,7 @@ class Recorder:
             "python": sys.version.split()[0],
             "rounds": args.rounds,
             "transport": args.transport or "default",
+            "client_loop": args.client_loop or "asyncio",
             "metrics": {},
             "samples": {},
             "errors": {},
@@ -399,7 +416,9 @@ def _rt_sync_us(r: Run) -> list[float]:
 def _rt_await_us(r: Run) -> list[float]:
     assert r.peer is not None
     echo = r.peer.echo_async
-    return sample_rounds(r.args, lambda: asyncio.run(timed_loop_async(echo, 2000, r.args.loop_s)) * 1e6)
+    return sample_rounds(
+        r.args, lambda: run_coroutine(r.args, timed_loop_async(echo, 2000, r.args.loop_s)) * 1e6
+    )
 
 
 def _outstanding_calls_per_s(r: Run) -> list[float]:
@@ -455,7 +474,9 @@ def _gather_await_per_s(r: Run) -> list[float]:
     try:
         mesh.echo_all(0)
         echo = mesh.echo_all_async
-        return sample_rounds(r.args, lambda: 1.0 / asyncio.run(timed_loop_async(echo, 2000, r.args.loop_s)))
+        return sample_rounds(
+            r.args, lambda: 1.0 / run_coroutine(r.args, timed_loop_async(echo, 2000, r.args.loop_s))
+        )
     finally:
         mesh.stop()
 
@@ -467,7 +488,9 @@ def _inproc_rt_us(r: Run) -> list[float]:
 
 def _inproc_rt_await_us(r: Run) -> list[float]:
     echo = r.impl.inproc_echo_async()
-    return sample_rounds(r.args, lambda: asyncio.run(timed_loop_async(echo, 2000, r.args.loop_s)) * 1e6)
+    return sample_rounds(
+        r.args, lambda: run_coroutine(r.args, timed_loop_async(echo, 2000, r.args.loop_s)) * 1e6
+    )
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@
 The floor runs the actor benchmarks' messaging workloads (`_benchutil.METRICS`, same keys)
 with nothing but uvloop, msgpack and the standard library: each worker process echoes
 length-prefixed msgpack messages ``[request id, value]`` on a Unix socket, read by an
-``asyncio.BufferedProtocol``; the client awaits a future per request on its own uvloop loop.
+``asyncio.BufferedProtocol``; the client awaits a future per request on its own loop (uvloop
+unless ``--client-loop asyncio``).
 
 * ``rt_sync_us``, ``rt_await_us``: one request to one worker, awaited, and again (the floor has
   one way of waiting, so both round trips are measured the same way);
@@ -166,7 +167,7 @@ class Worker:
 
 
 class Floor:
-    """The workloads; each metric runs its rounds inside one uvloop loop."""
+    """The workloads; each metric runs its rounds inside one event loop (``--client-loop``)."""
 
     def __init__(self, args: Any) -> None:
         self.args = args
@@ -174,8 +175,6 @@ class Floor:
     def _rounds(
         self, setup: Callable[[], Awaitable[Any]], one: Callable[[Any], Awaitable[float]]
     ) -> list[float]:
-        import uvloop
-
         async def main() -> list[float]:
             state = await setup()
             out: list[float] = []
@@ -189,7 +188,7 @@ class Floor:
                     await w.stop()
             return out
 
-        return uvloop.run(main())
+        return bu.run_coroutine(self.args, main())
 
     async def _workers(self, n: int) -> list[Worker]:
         workers = [Worker() for _ in range(n)]
@@ -299,6 +298,7 @@ def main() -> None:
         serve(int(sys.argv[2]))
         return
     args = bu.parse_args()
+    args.client_loop = args.client_loop or "uvloop"
     floor = Floor(args)
     workloads: dict[str, Callable[[], list[float]]] = {
         "rt_sync_us": floor.round_trip_us,

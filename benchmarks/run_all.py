@@ -131,6 +131,13 @@ def parse_args() -> argparse.Namespace:
         "--transport", default=None, help="passed to each benchmark (tcp: all of them over loopback TCP)"
     )
     p.add_argument(
+        "--client-loop",
+        choices=["asyncio", "uvloop"],
+        default=None,
+        help="passed to each benchmark: the event loop awaited metrics run on (default: each "
+        "benchmark's own; monarch-aio: asyncio, the floor: uvloop)",
+    )
+    p.add_argument(
         "--netns",
         action="store_true",
         help="also run each implementation as <name>@netns: the client in one network namespace, "
@@ -248,6 +255,8 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str], cluster
     ]
     if args.transport:
         cmd += ["--transport", args.transport]
+    if args.client_loop:
+        cmd += ["--client-loop", args.client_loop]
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     # bytecode caching on (this machine sets PYTHONDONTWRITEBYTECODE), but the caches
@@ -548,7 +557,7 @@ def _run_and_report(args, names: list[str], cluster) -> int:
     lines = []
     lines.append(
         f"# monarch benchmark {stamp}  (passes={args.passes}, rounds/pass={args.rounds}, "
-        f"loop={args.loop_s}s; medians of pooled samples)"
+        f"loop={args.loop_s}s, client loop: {args.client_loop or 'default'}; medians of pooled samples)"
     )
     lines.append("")
     for n in names:
