@@ -65,12 +65,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "cluster whose head is at `HOST:PORT`, this host being the head's); default: this host",
     )
     p.add_argument(
+        "--client-loop",
+        choices=["asyncio", "uvloop"],
+        default=None,
+        help="the event loop the benchmark's coroutines await on (default: asyncio's own; "
+        "bench_floor.py: uvloop)",
+    )
+    p.add_argument(
         "--loop-s",
         type=float,
         default=1.0,
         help="max seconds of one round of a call loop (round trip, gather)",
     )
     return p.parse_args(argv)
+
+
+def run_coroutine(args: argparse.Namespace, coro: Awaitable[Any]) -> Any:
+    """Run ``coro`` to completion on a new event loop of the kind ``--client-loop`` names."""
+    if args.client_loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro)  # type: ignore[arg-type]
+    return asyncio.run(coro)  # type: ignore[arg-type]
 
 
 def rss_mb(pid: int) -> float | None:
@@ -136,6 +152,7 @@ class Recorder:
             "python": sys.version.split()[0],
             "rounds": args.rounds,
             "transport": args.transport or "default",
+            "client_loop": args.client_loop or "asyncio",
             "metrics": {},
             "samples": {},
             "errors": {},
@@ -294,6 +311,9 @@ class Mesh(Protocol):
     def echo_all(self, x: Any) -> None:
         """Echo ``x`` on every actor; return once all replied."""
 
+    def echo_all_async(self, x: Any) -> Awaitable[Any]:
+        """``echo_all`` as something to await (all the replies, gathered)."""
+
     def worker_pid(self) -> int:
         """The pid of the worker process of a one-process mesh."""
 
@@ -341,6 +361,9 @@ class Impl(Protocol):
 
     def inproc_echo(self) -> Callable[[Any], Any]:
         """A blocking round trip to an actor in this process (raise NotMeasured where none)."""
+
+    def inproc_echo_async(self) -> Callable[[Any], Awaitable[Any]]:
+        """The same round trip as ``inproc_echo``, as something to await from a coroutine."""
 
     def shutdown(self) -> None:
         """Undo ``start``, after the result is printed."""
@@ -393,7 +416,9 @@ def _rt_sync_us(r: Run) -> list[float]:
 def _rt_await_us(r: Run) -> list[float]:
     assert r.peer is not None
     echo = r.peer.echo_async
-    return sample_rounds(r.args, lambda: asyncio.run(timed_loop_async(echo, 2000, r.args.loop_s)) * 1e6)
+    return sample_rounds(
+        r.args, lambda: run_coroutine(r.args, timed_loop_async(echo, 2000, r.args.loop_s)) * 1e6
+    )
 
 
 def _outstanding_calls_per_s(r: Run) -> list[float]:
@@ -444,9 +469,28 @@ def _gather_per_s(r: Run) -> list[float]:
         mesh.stop()
 
 
+def _gather_await_per_s(r: Run) -> list[float]:
+    mesh = r.impl.spawn(4)
+    try:
+        mesh.echo_all(0)
+        echo = mesh.echo_all_async
+        return sample_rounds(
+            r.args, lambda: 1.0 / run_coroutine(r.args, timed_loop_async(echo, 2000, r.args.loop_s))
+        )
+    finally:
+        mesh.stop()
+
+
 def _inproc_rt_us(r: Run) -> list[float]:
     echo = r.impl.inproc_echo()
     return sample_rounds(r.args, lambda: timed_loop(echo, 2000, r.args.loop_s) * 1e6)
+
+
+def _inproc_rt_await_us(r: Run) -> list[float]:
+    echo = r.impl.inproc_echo_async()
+    return sample_rounds(
+        r.args, lambda: run_coroutine(r.args, timed_loop_async(echo, 2000, r.args.loop_s)) * 1e6
+    )
 
 
 @dataclass(frozen=True)
@@ -501,7 +545,23 @@ METRICS = [
         on_peer=True,
     ),
     Metric("gather_per_s", "call() on 4-proc mesh + get()", "gathers/s", "{:,.0f}", True, _gather_per_s),
-    Metric("inproc_rt_us", "in-process actor round trip", "µs", "{:,.1f}", False, _inproc_rt_us),
+    Metric(
+        "gather_await_per_s",
+        "await call() on 4-proc mesh",
+        "gathers/s",
+        "{:,.0f}",
+        True,
+        _gather_await_per_s,
+    ),
+    Metric("inproc_rt_us", "in-process actor round trip .get()", "µs", "{:,.1f}", False, _inproc_rt_us),
+    Metric(
+        "inproc_rt_await_us",
+        "in-process actor round trip, await",
+        "µs",
+        "{:,.1f}",
+        False,
+        _inproc_rt_await_us,
+    ),
 ]
 
 

@@ -80,6 +80,9 @@ class MonarchMesh:
     def echo_all(self, x) -> None:
         self.actors.echo.call(x).get()
 
+    def echo_all_async(self, x):
+        return self.actors.echo.call(x)
+
     def worker_pid(self) -> int:
         return self.actors.pid.call_one().get()
 
@@ -122,6 +125,7 @@ class Monarch:
         self.name = _impl_name()
         self.extra = {"monarch_path": _monarch_origin(), "in_process_import_s": _in_process_import_s}
         self.peer_hosts = None
+        self._inproc = None
 
     def start(self, transport: str | None, peer_host: str | None) -> None:
         # The runtime itself starts with the first spawn, on the transport chosen before it.
@@ -142,9 +146,17 @@ class Monarch:
         return MonarchPeer(self.peer_hosts if self.peer_hosts is not None else this_host())
 
     def inproc_echo(self):
-        a = this_proc().spawn("inproc_echo", Echo)
-        a.echo.call_one(0).get()
+        a = self._inproc_actor()
         return lambda x: a.echo.call_one(x).get()
+
+    def inproc_echo_async(self):
+        return self._inproc_actor().echo.call_one
+
+    def _inproc_actor(self):
+        if self._inproc is None:
+            self._inproc = this_proc().spawn("inproc_echo", Echo)
+            self._inproc.echo.call_one(0).get()
+        return self._inproc
 
     def shutdown(self) -> None:
         pass

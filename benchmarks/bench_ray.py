@@ -16,6 +16,7 @@ actors go to the node offering `_benchutil.RAY_PEER_RESOURCE`, the meshes' stay 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -65,6 +66,9 @@ class RayMesh:
 
     def echo_all(self, x) -> None:
         ray.get([a.echo.remote(x) for a in self.actors])
+
+    async def echo_all_async(self, x) -> None:
+        await asyncio.gather(*[a.echo.remote(x) for a in self.actors])
 
     def worker_pid(self) -> int:
         return ray.get(self.actors[0].pid.remote())
@@ -140,6 +144,9 @@ class Ray:
         return RayPeer(self.peer_options)
 
     def inproc_echo(self):
+        raise bu.NotMeasured("Ray has no in-process actor")
+
+    def inproc_echo_async(self):
         raise bu.NotMeasured("Ray has no in-process actor")
 
     def shutdown(self) -> None:

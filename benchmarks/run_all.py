@@ -3,6 +3,7 @@
 
     bash benchmarks/setup_peers.sh          # once: creates .venvs/torchmonarch and .venvs/ray
     python3 benchmarks/run_all.py [--quick] [--passes N] [--rounds N] [--impls a,b,c]
+    python3 benchmarks/run_all.py --floor   # monarch-aio against the raw socket floor only
 
 Each "pass" runs every implementation once, in a rotating order, as its own
 subprocess (with a timeout); samples from all passes are pooled and the median
@@ -42,8 +43,12 @@ IMPLS = {
     "monarch-aio": (os.path.join(ROOT, ".venv", "bin", "python"), "bench_monarch_api.py"),
     "torchmonarch": (os.path.join(ROOT, ".venvs", "torchmonarch", "bin", "python"), "bench_monarch_api.py"),
     "ray": (os.path.join(ROOT, ".venvs", "ray", "bin", "python"), "bench_ray.py"),
+    # The same messaging workloads with no framework (uvloop + msgpack over Unix sockets).
+    "floor": (os.path.join(ROOT, ".venv", "bin", "python"), "bench_floor.py"),
 }
-OURS, TM, RAY = "monarch-aio", "torchmonarch", "ray"
+OURS, TM, RAY, FLOOR = "monarch-aio", "torchmonarch", "ray", "floor"
+#: ``--baseline PYTHON``: monarch-aio from another checkout's interpreter, under this name.
+BASELINE = "monarch-aio@baseline"
 
 #: ``--netns``: the suffix of an implementation's name when its client runs in one network
 #: namespace and its peer in another (on a host agent; for Ray, on a second node).
@@ -86,6 +91,17 @@ TARGETS = {
     "idle_worker_rss_mb": ("<= 50 MB", "abs", "<=", 50.0),
 }
 
+#: ``--floor``: the messaging metrics, against the floor's figure for the same workload.
+FLOOR_TARGETS = {
+    "rt_sync_us": ("<= 1.5x floor", "vs_floor", "<=", 1.5),
+    "rt_await_us": ("<= 1.5x floor", "vs_floor", "<=", 1.5),
+    "gather_per_s": (">= 0.6x floor", "vs_floor", ">=", 0.6),
+    "gather_await_per_s": (">= 0.6x floor", "vs_floor", ">=", 0.6),
+    "outstanding_calls_per_s": (">= 0.5x floor", "vs_floor", ">=", 0.5),
+    "inproc_rt_us": ("<= 10 µs", "abs", "<=", 10.0),
+    "inproc_rt_await_us": ("<= 10 µs", "abs", "<=", 10.0),
+}
+
 _BENCH_LINE = re.compile(r"^\[bench\] (\w+) \.\.\.$")
 
 
@@ -115,13 +131,36 @@ def parse_args() -> argparse.Namespace:
         "--transport", default=None, help="passed to each benchmark (tcp: all of them over loopback TCP)"
     )
     p.add_argument(
+        "--client-loop",
+        choices=["asyncio", "uvloop"],
+        default=None,
+        help="passed to each benchmark: the event loop awaited metrics run on (default: each "
+        "benchmark's own; monarch-aio: asyncio, the floor: uvloop)",
+    )
+    p.add_argument(
         "--netns",
         action="store_true",
         help="also run each implementation as <name>@netns: the client in one network namespace, "
         "the peer in another (monarch-aio, torchmonarch: on a host agent; Ray: on the second "
         "node of a two-node cluster) (tests/netns.py; root only); everything over TCP",
     )
-    p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
+    p.add_argument(
+        "--impls",
+        default=",".join(n for n in IMPLS if n != FLOOR),
+        help="comma-separated subset of " + ",".join(IMPLS),
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="monarch-aio and the floor only, alternately, on the messaging metrics (unless "
+        "--metrics says otherwise), with the floor targets",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="PYTHON",
+        help=f"also run monarch-aio under this interpreter (another checkout's venv) as {BASELINE}",
+    )
     p.add_argument("--metrics", default=None, help="comma-separated subset of metric keys")
     p.add_argument("--out-dir", default=os.path.join(HERE, "out"))
     a = p.parse_args()
@@ -134,6 +173,12 @@ def parse_args() -> argparse.Namespace:
         p.error("--netns compares over TCP: leave --transport out or say tcp")
     if a.netns:
         a.transport = "tcp"
+    if a.floor:
+        a.impls = f"{OURS},{FLOOR}"
+        a.metrics = a.metrics or ",".join(FLOOR_TARGETS)
+    if a.baseline:
+        IMPLS[BASELINE] = (a.baseline, IMPLS[OURS][1])
+        a.impls += "," + BASELINE
     return a
 
 
@@ -210,6 +255,8 @@ def run_one(name: str, args, run_dir: str, tag: str, metrics: list[str], cluster
     ]
     if args.transport:
         cmd += ["--transport", args.transport]
+    if args.client_loop:
+        cmd += ["--client-loop", args.client_loop]
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     # bytecode caching on (this machine sets PYTHONDONTWRITEBYTECODE), but the caches
@@ -510,7 +557,7 @@ def _run_and_report(args, names: list[str], cluster) -> int:
     lines = []
     lines.append(
         f"# monarch benchmark {stamp}  (passes={args.passes}, rounds/pass={args.rounds}, "
-        f"loop={args.loop_s}s; medians of pooled samples)"
+        f"loop={args.loop_s}s, client loop: {args.client_loop or 'default'}; medians of pooled samples)"
     )
     lines.append("")
     for n in names:
@@ -524,6 +571,8 @@ def _run_and_report(args, names: list[str], cluster) -> int:
     pairs = [
         (a, b)
         for a, b in [
+            (OURS, FLOOR),
+            (OURS, BASELINE),
             (OURS + NETNS, TM + NETNS),
             (OURS + NETNS, RAY + NETNS),
             (OURS + NETNS, OURS),
@@ -532,6 +581,7 @@ def _run_and_report(args, names: list[str], cluster) -> int:
         ]
         if a in names and b in names
     ]
+    targets = FLOOR_TARGETS if args.floor else TARGETS
     hdr = (
         ["metric"]
         + names
@@ -555,10 +605,15 @@ def _run_and_report(args, names: list[str], cluster) -> int:
             r = ratio(get(a, m), get(b, m))
             row.append(f"{r:.3g}x" if r is not None else "—")
         verdict = "n/a"
-        tgt = TARGETS.get(m)
+        tgt = targets.get(m)
         if tgt:
             desc, kind, op, val = tgt
-            x = {"vs_tm": r_tm, "vs_ray": r_ray, "abs": get(OURS, m)}[kind]
+            x = {
+                "vs_tm": r_tm,
+                "vs_ray": r_ray,
+                "vs_floor": ratio(get(OURS, m), get(FLOOR, m)),
+                "abs": get(OURS, m),
+            }[kind]
             if x is not None:
                 verdict = "yes" if (x <= val if op == "<=" else x >= val) else "NO"
             row.append(desc)

@@ -189,7 +189,7 @@ class ActorEndpoint(Generic[R]):
         receiver = port_receiver(port) if port is not None else None
         if receiver is not None:  # a receiver here must not wait forever on a sender that died
             receiver.label = self._label()
-            receiver.expect_from(sent)
+            receiver.expect_from(a for _, a in sent)
 
     def _label(self) -> str:
         """``mesh.endpoint``, naming the calls in errors of the replies."""
@@ -203,10 +203,10 @@ class ActorEndpoint(Generic[R]):
         selection: Selection = "all",
         reply: PortHandler | None = None,
         gather: bool = False,
-    ) -> list[str]:
+    ) -> list[tuple[int, str]]:
         """Send one message per destination (one per host where the destinations span hosts,
         see ``multicast``; ``gather``: their replies come back one frame per host too);
-        return the destination addresses.
+        return the destinations, (message rank, process address) pairs.
 
         With a ``reply`` handler, it is told which processes to expect replies from before
         anything is sent, so a reply (or a process death) can never arrive unaccounted for.
@@ -241,7 +241,7 @@ class ActorEndpoint(Generic[R]):
         else:
             for rank, address in dests:
                 rt.send(address, message(key, name, port_spec, rank, extent), bodies)
-        return [a for _, a in dests]
+        return dests
 
     def _collect(
         self,
@@ -255,10 +255,10 @@ class ActorEndpoint(Generic[R]):
         collector.label = self._label()
         try:
             self._ref.check_usable(self._name)
-            sent_to = self._send(args, kwargs, selection=selection, reply=collector, gather=gather)
+            sent = self._send(args, kwargs, selection=selection, reply=collector, gather=gather)
             inst = current_instance.get()
             if inst is not None and inst.key == self._ref.key:
-                self._guard_self_call(inst, collector, sent_to)
+                self._guard_self_call(inst, collector, [a for _, a in sent])
         except SupervisionError as e:
             collector.fail(e)
         except BaseException:

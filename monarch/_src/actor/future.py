@@ -120,7 +120,8 @@ class Future(Generic[R]):
 
         The timeout does not cancel the operation: a later ``get``/``await`` sees its outcome.
         """
-        _check_timeout(timeout)
+        if timeout is not None:
+            _check_timeout(timeout)
         if self._state == _DONE:
             return self._outcome()
         ident = threading.get_ident()
@@ -191,7 +192,10 @@ class Future(Generic[R]):
         """A fresh asyncio future on the running loop that mirrors this one (non-consuming)."""
         import asyncio
 
-        loop = asyncio.get_running_loop()
+        return self._mirror_on(asyncio.get_running_loop())
+
+    def _mirror_on(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[R]:
+        """``as_asyncio`` on ``loop``, the running loop of this thread."""
         afut: asyncio.Future[R] = loop.create_future()
         if self._state == _DONE:
             _copy_outcome(self, afut)
@@ -215,16 +219,15 @@ class Future(Generic[R]):
             return self._outcome()
         import asyncio
 
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            raise ValueError("__await__ with no active event loop (either asyncio or tokio)") from None
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            raise ValueError("__await__ with no active event loop (either asyncio or tokio)")
         if _self_calls:
             guard = _self_calls.get(self)
             if guard is not None and guard[0] is asyncio.current_task() and self._state != _DONE:
                 raise RuntimeError(guard[1])
         flush_corked()  # as in get(): a burst this thread sent may be what it now waits for
-        return (yield from self.as_asyncio().__await__())
+        return (yield from self._mirror_on(loop).__await__())
 
     def __repr__(self) -> str:
         if self._state != _DONE:

@@ -279,11 +279,9 @@ class ActorInstance:
         q = self._queue
         assert q is not None
         while True:
-            try:
-                kind, header, bodies = q.get_nowait()
-            except queue.Empty:
+            if q.empty():
                 flush_corked()  # replies corked in a burst go out before this thread sleeps
-                kind, header, bodies = q.get()
+            kind, header, bodies = q.get()  # this thread alone takes from the queue
             if kind == MESSAGE:
                 if self._begin_running(header):
                     self._handle_sync(header, bodies)
@@ -657,7 +655,14 @@ def _run_on_loop(awaitable: Any) -> Any:
     return asyncio.run_coroutine_threadsafe(_await(awaitable), runtime().loop).result()
 
 
+#: Result types that are never awaitable: most endpoints return these, and ``hasattr`` on them
+#: costs a failed attribute lookup per message.
+_PLAIN_RESULTS = frozenset({type(None), int, float, str, bytes, bool, tuple, list, dict})
+
+
 def _is_awaitable(value: Any) -> bool:
+    if type(value) in _PLAIN_RESULTS:
+        return False
     return is_coroutine(value) or hasattr(value, "__await__")
 
 

@@ -209,6 +209,9 @@ class Runtime:
 
     def _receive(self, header: dict, bodies: list) -> None:
         """A frame from another process: map its shared-memory buffers, then route it."""
+        if SHM_MOVED not in header:  # most frames: nothing to map
+            self.dispatch(header, bodies)
+            return
         try:
             self._shm.receive(header, bodies)
         except FrameTooLargeError as e:

@@ -140,27 +140,25 @@ class OutgoingConnection:
                     else:
                         note_corked(self)
                 return
-            if on_loop:
-                # On the loop, batch everything sent during this iteration into one write.
-                q.extend(buffers)
-                self._flush_scheduled = True
-                self._loop.call_soon(self._flush)
-                return
             now = time.monotonic()
             if now - self._last_direct_send < BURST_GAP_S:
-                self._last_corked = now
                 q.extend(buffers)
                 self._flush_scheduled = True
+                if on_loop:  # the rest of the loop's burst goes out in one write, next iteration
+                    self._loop.call_soon(self._flush)
+                    return
+                self._last_corked = now
                 self._loop.call_soon_threadsafe(self._flush)
                 note_corked(self)
                 return
             self._last_direct_send = now
+            call_soon = self._loop.call_soon if on_loop else self._loop.call_soon_threadsafe
             try:
                 sent = self._sock.sendmsg(buffers)  # type: ignore[union-attr]
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as e:
-                self._loop.call_soon_threadsafe(self._fail, e)
+                call_soon(self._fail, e)
                 return
             total = 0
             for b in buffers:
@@ -171,7 +169,7 @@ class OutgoingConnection:
                 total += n
             if q:
                 self._flush_scheduled = True
-                self._loop.call_soon_threadsafe(self._flush)
+                call_soon(self._flush)
 
     def _write_queued(self) -> bool:
         """Write queued buffers until the kernel is full (lock held); False if the socket failed.
