@@ -97,9 +97,7 @@ def test_submit_reattach_from_a_second_program_and_kill(
     for _, name, address in first["places"]:
         assert address.startswith(f"tcp:{slurm2.node_host(name).address}:"), first
     # The first client is gone: its procs went with it, the job and its agents run on.
-    wait_until(
-        lambda: not [p for p in first["pids"] if psutil.pid_exists(p)], 15, "the first client's procs to exit"
-    )
+    wait_until(lambda: not running(first["pids"]), 15, "the first client's procs to exit")
     assert slurm_cluster_job_state(slurm2, first["job_id"]) == "RUNNING"
     running = agents(slurm2)
     assert len(running) == 2
