@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import slurm_cluster
-from helpers import IMPORT_TEST_MODULES, wait_until
+from helpers import IMPORT_TEST_MODULES, running, wait_until
 
 from monarch.job import SlurmJob
 
@@ -99,12 +99,12 @@ def test_submit_reattach_from_a_second_program_and_kill(
     # The first client is gone: its procs went with it, the job and its agents run on.
     wait_until(lambda: not running(first["pids"]), 15, "the first client's procs to exit")
     assert slurm_cluster_job_state(slurm2, first["job_id"]) == "RUNNING"
-    running = agents(slurm2)
-    assert len(running) == 2
+    live_agents = agents(slurm2)
+    assert len(live_agents) == 2
     cache = tmp_path / ".monarch" / "job_state.pkl"
     assert stat.S_IMODE(cache.stat().st_mode) == 0o600
     secret = json.loads(cache.read_text())["secret"]
-    assert all(secret not in " ".join(p.cmdline()) for p in running)
+    assert all(secret not in " ".join(p.cmdline()) for p in live_agents)
 
     second, out = run_client(slurm2, tmp_path, "kill")
 

@@ -160,14 +160,11 @@ class SlurmJob(JobTrait):
     # ---- submitting and re-attaching
 
     def _submit(self) -> _Attached:
-        from monarch._src.host.agent import SECRET_ENV, SECRET_FILE_ENV
-        from monarch._src.host.spawner import worker_pythonpath
+        from monarch._src.host.slurm_hosts import agents_environment
 
         _check_reachable_client()
         secret = os.urandom(32).hex()
-        env = dict(os.environ, **{SECRET_ENV: secret})
-        env.pop(SECRET_FILE_ENV, None)  # it would take precedence over ours in the agents
-        env["PYTHONPATH"] = worker_pythonpath(env.get("PYTHONPATH"))
+        env = agents_environment(secret)
         job_id = slurm.submit([*self._sbatch_options(), "--wrap", self._batch_command()], env)
         attached = _Attached(job_id, secret, [])
         self._write_cache(attached)  # before waiting: a later program can still cancel it

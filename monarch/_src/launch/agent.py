@@ -326,6 +326,10 @@ class Agent:
         if config.hosts is not None:
             from monarch._src.host.hosts_config import hosts_from_value
 
+            from .slurm_env import SLURM_HOSTS, listen_for_nodes
+
+            if config.hosts == SLURM_HOSTS:
+                listen_for_nodes(config.local_addr, self.env)
             self.hosts = hosts_from_value(config.hosts, "--hosts")  # attaches in the background
             self.host_names = self.hosts.agent_addresses
 
