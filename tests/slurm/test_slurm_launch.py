@@ -19,8 +19,6 @@ from helpers import REPO
 
 from monarch._src.launch.slurm_env import rendezvous_port
 
-pytest.importorskip("torch")
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # three trainings of 4 ranks
 
 TRAIN = [str(REPO / "examples" / "train_ddp.py"), "--epochs", "2", "--steps", "5"]
@@ -50,6 +48,7 @@ def run_client(
 @pytest.fixture(scope="module")
 def one_node_loss() -> str:
     """The final loss of the same training on this machine, 1 node x 4 ranks."""
+    pytest.importorskip("torch")
     done = subprocess.run(
         [*LAUNCH, "4", *TRAIN], env=launch_env(None), cwd=REPO, capture_output=True, text=True, timeout=150
     )
