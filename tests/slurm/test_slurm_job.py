@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -25,17 +23,9 @@ pytestmark = pytest.mark.timeout(120)
 CLIENT = (
     IMPORT_TEST_MODULES
     + """
-import json, socket, sys
-from actors import Pid
-from monarch.actor import context, endpoint
+import json, sys
+from actors import Where
 from monarch.job import SlurmJob
-
-
-class Where(Pid):
-    @endpoint
-    def where(self) -> list:
-        return [socket.gethostname(), context().actor_instance.proc_id]
-
 
 job = SlurmJob(meshes={"trainers": 2}, job_name="sj-test", monarch_port=22555)
 trainers = job.state().trainers
@@ -57,20 +47,13 @@ if sys.argv[1:] == ["kill"]:
 
 
 def run_client(cluster: slurm_cluster.SlurmCluster, cwd: Path, *args: str) -> tuple[dict, str]:
-    """Run CLIENT to its end in the root namespace, listening on TCP at the bridge address;
-    its result and its stdout."""
-    env = {
-        **cluster.env,
-        "MONARCH_TRANSPORT": "tcp",
-        "MONARCH_TCP_BIND_HOST": cluster.hosts.bridge_address,
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", CLIENT, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=90
-    )
-    assert done.returncode == 0, done.stderr
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line is not None, done.stderr
-    return json.loads(line[len("RESULT ") :]), done.stdout
+    """Run CLIENT to its end outside any allocation; its result and its stdout."""
+    client = cluster.client([], CLIENT, cwd, *args)
+    out, err = client.communicate(timeout=90)
+    assert client.returncode == 0, err
+    line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, err
+    return json.loads(line[len("RESULT ") :]), out
 
 
 def jobs(cluster: slurm_cluster.SlurmCluster) -> list[str]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -55,15 +53,7 @@ def test_a_broken_job_fails_the_mesh_within_seconds_and_leaves_nothing(
     slurm2: slurm_cluster.SlurmCluster, tmp_path: Path, fault
 ) -> None:
     idle = slurm2.node_pids()
-    env = {**slurm2.env, "MONARCH_TRANSPORT": "tcp", "MONARCH_TCP_BIND_HOST": slurm2.hosts.bridge_address}
-    client = subprocess.Popen(
-        [sys.executable, "-c", CLIENT],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    client = slurm2.client([], CLIENT, tmp_path)
     try:
         result = slurm_cluster.read_result(client)
 
