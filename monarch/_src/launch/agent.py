@@ -894,7 +894,10 @@ class Agent:
             if sig == signal.SIGKILL and a.owner is not None:
                 a.owner.kill()  # every live worker of the attempt, on every host
         else:
-            a.runner.slice(**{LABEL: slot}).signal_group.broadcast(sig)
+            try:
+                a.runner.slice(**{LABEL: slot}).signal_group.broadcast(sig)
+            except SupervisionError:  # its host was lost: the worker is gone, its exit reported
+                pass
 
     def _wait_for_exits(self, a: _Attempt, deadline: float, escalate: bool) -> bool:
         """Process events until every worker exited (True) or ``deadline`` (False).
