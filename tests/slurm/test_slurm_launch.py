@@ -97,3 +97,44 @@ def test_several_launchers_per_node_are_refused(slurm2: slurm_cluster.SlurmClust
         "SLURM step 1.0 runs 4 tasks on 2 nodes, but monarch.launch runs one launcher per node" in done.stderr
     )
     assert "HINT: srun --ntasks-per-node=1 python -m monarch.launch" in done.stderr
+
+
+def test_a_port_given_is_the_one_used(slurm2: slurm_cluster.SlurmCluster) -> None:
+    done = run_client(
+        slurm2,
+        [
+            "srun",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            *LAUNCH,
+            "1",
+            "--master-port=23456",
+            "--no-python",
+            "true",
+        ],
+    )
+
+    assert done.returncode == 0, done.stderr
+    n1 = slurm2.node_host("n1").address
+    assert f"--nnodes=2 --node-rank=1 --master-addr={n1} --master-port=23456" in done.stderr
+
+
+def test_a_shape_given_is_left_alone(slurm2: slurm_cluster.SlurmCluster) -> None:
+    # each node a job of its own (the node names resolve nowhere here: hence --local-addr)
+    done = run_client(
+        slurm2,
+        [
+            "srun",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            *LAUNCH,
+            "1",
+            "--nnodes=1",
+            "--local-addr=127.0.0.1",
+            "--no-python",
+            "true",
+        ],
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "SLURM step" not in done.stderr
