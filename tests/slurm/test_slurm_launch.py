@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 import slurm_cluster
-from helpers import REPO
+from helpers import REPO, wait_until
 
+from monarch._src.host import slurm
 from monarch._src.launch.slurm_env import rendezvous_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # three trainings of 4 ranks
@@ -77,10 +78,12 @@ def test_one_launcher_in_the_batch_script_runs_every_node(
 ) -> None:
     output = tmp_path / "job.out"
     batch = shlex.join([*LAUNCH, "2", *TRAIN])
-    done = run_client(slurm2, ["sbatch", "--wait", "--nodes=2", f"--output={output}", "--wrap", batch])
+    # not `sbatch --wait`, which looks at the job every 2 to 30 s
+    job_id = slurm.submit(["--nodes=2", f"--output={output}", "--wrap", batch], launch_env(slurm2), str(REPO))
+    wait_until(lambda: slurm.job(job_id).ended, 150, "the batch job to end")
 
     log = output.read_text()
-    assert done.returncode == 0, log
+    assert slurm.job(job_id).state == "COMPLETED", log
     assert FINAL.findall(log) == [one_node_loss]
     n1 = slurm2.node_host("n1").address
     assert (
