@@ -135,3 +135,33 @@ def test_bad_meshes_are_refused() -> None:
         SlurmJob(meshes={"trainers": 0})
     with pytest.raises(TypeError, match=r"HINT: slurm_args=\['--qos', 'high'\]"):
         SlurmJob(meshes={"trainers": 1}, slurm_args="--qos high")
+
+
+BROKEN_CLIENT = """
+import json
+from monarch.job import SlurmJob
+
+try:
+    SlurmJob(meshes={"trainers": 2}, python_exe="/nonexistent/python", log_dir="logs", job_name="broken").state()
+except RuntimeError as e:
+    print("RESULT " + json.dumps(str(e)), flush=True)
+"""
+
+
+@pytest.mark.slow  # a batch job
+def test_agents_that_cannot_start_say_where_the_output_is(
+    slurm2: slurm_cluster.SlurmCluster, tmp_path: Path
+) -> None:
+    client = slurm2.client([], BROKEN_CLIENT, tmp_path)
+    message = slurm_cluster.read_result(client)
+    client.communicate(timeout=30)
+
+    (job_id,) = jobs(slurm2)
+    output = tmp_path / "logs" / f"broken-{job_id}.out"
+    assert (
+        f"SlurmJob: the host agents on n1, n2 did not listen at port 22222 (SLURM job {job_id} is FAILED"
+        in message
+    )
+    assert f"the job's output is in {output}\nHINT: " in message
+    assert "/nonexistent/python" in output.read_text()  # srun's own words about it
+    assert not (tmp_path / ".monarch" / "job_state.pkl").exists()

@@ -62,7 +62,8 @@ class _Attached:
 
 class SlurmJob(JobTrait):
     """``meshes={"trainers": 2, ...}``: that many SLURM nodes per name, one ``{"hosts": n}``
-    HostMesh each, asked for with ``sbatch`` (see the module docstring).
+    HostMesh each, asked for with ``sbatch`` (see the module docstring). ``kill()`` cancels
+    the job and returns once SLURM has ended it; the cached state goes with it.
 
     The client must listen where the nodes reach it: ``MONARCH_TRANSPORT=tcp`` (or
     ``enable_transport("tcp")``) and ``MONARCH_TCP_BIND_HOST`` set to an address of this
@@ -127,10 +128,6 @@ class SlurmJob(JobTrait):
         """The SLURM job this object submitted or re-attached to (None before ``state()``)."""
         return None if self._attached is None else self._attached.job_id
 
-    def can_run(self, spec: SlurmJob) -> bool:
-        """Whether this job's allocation serves ``spec`` (Monarch's name): the same spec."""
-        return isinstance(spec, SlurmJob) and spec._spec == self._spec
-
     # ---- JobTrait
 
     def _create(self, cached_path: str | None) -> dict[str, HostMesh]:
@@ -152,11 +149,6 @@ class SlurmJob(JobTrait):
         finally:
             self._cancel()
 
-    def kill(self) -> None:
-        """Cancel the job (``scancel``) and return once SLURM has ended it (every process of
-        it gone); the cached state goes too. A job never attached to is left alone."""
-        super().kill()
-
     # ---- submitting and re-attaching
 
     def _submit(self) -> _Attached:
@@ -169,10 +161,7 @@ class SlurmJob(JobTrait):
         attached = _Attached(job_id, secret, [])
         self._write_cache(attached)  # before waiting: a later program can still cancel it
         try:
-            running = slurm.wait_running(
-                job_id, self._job_start_timeout if self._job_start_timeout is not None else float("inf")
-            )
-            attached.addresses = self._wait_for_agents(running)
+            attached.addresses = self._wait_for_agents(job_id)
         except BaseException:
             self._attached = attached
             self._cancel(wait=False)
@@ -197,11 +186,10 @@ class SlurmJob(JobTrait):
         options += [f"--{flag}={value}" for flag, value in flags.items() if value is not None]
         if spec["exclusive"]:
             options.append("--exclusive")
-        if spec["log_dir"] is not None:
-            os.makedirs(spec["log_dir"], exist_ok=True)
-            options.append(
-                f"--output={os.path.join(os.path.abspath(spec['log_dir']), spec['job_name'])}-%j.out"
-            )
+        output = self._log_file("%j")  # sbatch's pattern for the job id
+        if output is not None:
+            os.makedirs(os.path.dirname(output), exist_ok=True)
+            options.append(f"--output={output}")
         return options + spec["slurm_args"]
 
     def _batch_command(self) -> str:
@@ -213,9 +201,17 @@ class SlurmJob(JobTrait):
         argv += [self._spec["python_exe"], "-m", __name__, "--port", str(self._spec["monarch_port"])]
         return "exec " + shlex.join(argv)
 
-    def _wait_for_agents(self, running: slurm.SlurmJob) -> list[str]:
-        """The agents' addresses once every one accepts connections; an error saying where
-        the job's output is if the job ends first or they do not listen in time."""
+    def _wait_for_agents(self, job_id: str) -> list[str]:
+        """The agents' addresses once the job runs (within ``job_start_timeout``, by default
+        as long as it waits in the queue) and every agent accepts connections; an error
+        saying where the job's output is if the job ends first or they do not listen in time."""
+        timeout = self._job_start_timeout
+        try:
+            running = slurm.wait_running(job_id, float("inf") if timeout is None else timeout)
+        except slurm.SlurmJobEnded as e:
+            raise self._agents_failed(
+                e.job, ", ".join(e.job.nodes) or "its nodes", e.job.describe()
+            ) from None
         port = self._spec["monarch_port"]
         hosts = slurm.node_addresses(running.nodes)
         addresses = [f"tcp:{hosts[node]}:{port}" for node in running.nodes]
@@ -228,14 +224,31 @@ class SlurmJob(JobTrait):
             now = slurm.job(running.job_id)
             if now.ended or time.monotonic() > deadline:
                 what = now.describe() if now.ended else f"after {AGENTS_START_TIMEOUT_S:g}s"
-                raise RuntimeError(
-                    f"SlurmJob: the host agents on {', '.join(waiting)} did not listen at port {port} "
-                    f"({what}); the job's output is in {_output_of(now)}\nHINT: the output says why "
-                    "(monarch not importable by python_exe on the nodes, or the port taken: choose "
-                    "another monarch_port)"
-                )
+                raise self._agents_failed(now, ", ".join(waiting), what)
             time.sleep(slurm.POLL_INTERVAL_S)
         return addresses
+
+    def _agents_failed(self, job: slurm.SlurmJob, where: str, what: str) -> RuntimeError:
+        return RuntimeError(
+            f"SlurmJob: the host agents on {where} did not listen at port {self._spec['monarch_port']} "
+            f"({what}); the job's output is in {self._output_of(job)}\nHINT: the output says why "
+            "(python_exe missing on the nodes or unable to import monarch, or the port taken: "
+            "choose another monarch_port)"
+        )
+
+    def _log_file(self, job_id: str) -> str | None:
+        """Where the job's output goes with ``log_dir`` (None: sbatch's default)."""
+        log_dir = self._spec["log_dir"]
+        return (
+            None if log_dir is None else f"{os.path.abspath(log_dir)}/{self._spec['job_name']}-{job_id}.out"
+        )
+
+    def _output_of(self, job: slurm.SlurmJob) -> str:
+        return (
+            self._log_file(job.job_id)
+            or job.output.replace("%j", job.job_id)  # SLURM's pattern, where it says
+            or f"{job.workdir}/slurm-{job.job_id}.out (unless slurm_args set --output)"
+        )
 
     def _cancel(self, wait: bool = True) -> None:
         attached, self._attached = self._attached, None
@@ -284,7 +297,7 @@ class SlurmJob(JobTrait):
         attached = _Attached(job_id, str(record["secret"]), list(record.get("addresses") or []))
         if not attached.addresses:  # the program that submitted it stopped before the agents ran
             self._attached = attached
-            attached.addresses = self._wait_for_agents(slurm.wait_running(job_id, AGENTS_START_TIMEOUT_S))
+            attached.addresses = self._wait_for_agents(job_id)
             self._write_cache(attached)
         logger.info("re-attaching to SLURM job %s (recorded in %s)", job_id, path)
         return attached
@@ -361,10 +374,6 @@ def _accepts(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _output_of(job: slurm.SlurmJob) -> str:
-    return job.output or f"{job.workdir}/slurm-{job.job_id}.out (unless slurm_args set --output)"
 
 
 def _check_reachable_client() -> None:
