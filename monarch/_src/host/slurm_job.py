@@ -133,6 +133,7 @@ class SlurmJob(JobTrait):
     def _create(self, cached_path: str | None) -> dict[str, HostMesh]:
         self._cached_path = cached_path
         attached = self._from_cache(cached_path) if cached_path else None
+        _check_reachable_client()
         if attached is None:
             attached = self._submit()
         self._attached = attached
@@ -154,7 +155,6 @@ class SlurmJob(JobTrait):
     def _submit(self) -> _Attached:
         from monarch._src.host.slurm_hosts import agents_environment
 
-        _check_reachable_client()
         secret = os.urandom(32).hex()
         env = agents_environment(secret)
         job_id = slurm.submit([*self._sbatch_options(), "--wrap", self._batch_command()], env)
@@ -377,7 +377,8 @@ def _accepts(host: str, port: int) -> bool:
 
 
 def _check_reachable_client() -> None:
-    """Refuse, before anything is submitted, a client the agents could not reach back."""
+    """Refuse, before anything is submitted or attached, a client the agents could not reach
+    back (their sessions connect to it)."""
     from monarch._src.runtime.config import CONFIG
     from monarch._src.transport.address import TcpAddress, is_loopback
 
