@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 
-from monarch.actor import Actor, concurrent_endpoint, endpoint
+from monarch.actor import Actor, concurrent_endpoint, context, endpoint
 
 
 class Pid(Actor):
@@ -16,6 +17,15 @@ class Pid(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+
+class Where(Pid):
+    """Tells which machine it runs on and where its proc listens: how many-host tests check
+    that a proc landed on the host they expect."""
+
+    @endpoint
+    def where(self) -> list:
+        return [socket.gethostname(), context().actor_instance.proc_id]
 
 
 class Counter(Pid):

@@ -315,15 +315,22 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         return [p for name in (CONTROLLER_NAME, *self.node_names) for p in self.pids(name)]
 
     def allocation_client(self, code: str, **env: str) -> subprocess.Popen[str]:
-        """Python ``code`` run by ``salloc`` in an allocation of every node: a monarch client
-        in the root namespace, listening on TCP at the bridge address, where the nodes reach
-        it; ``env`` added to its environment, text pipes for stdin, stdout and stderr. The
-        caller ends it (``close`` would kill it too)."""
+        """Python ``code`` run by ``salloc`` in an allocation of every node: a ``client``
+        that ``salloc`` starts; ``env`` added to its environment."""
+        return self.client(["salloc", f"--nodes={len(self.node_names)}"], code, REPO, **env)
+
+    def client(
+        self, prefix: Sequence[str], code: str, cwd: Path, *args: str, **env: str
+    ) -> subprocess.Popen[str]:
+        """Python ``code`` (with ``args``) run in ``cwd`` by ``prefix`` (say, ``salloc``; empty:
+        outside any allocation): a monarch client in the root namespace, listening on TCP at
+        the bridge address, where the nodes reach it; ``env`` added to its environment, text
+        pipes for stdin, stdout and stderr. The caller ends it (``close`` would kill it too)."""
         tcp = {"MONARCH_TRANSPORT": "tcp", "MONARCH_TCP_BIND_HOST": self.hosts.bridge_address}
         return subprocess.Popen(
-            ["salloc", f"--nodes={len(self.node_names)}", sys.executable, "-c", code],
+            [*prefix, sys.executable, "-c", code, *args],
             env={**self.env, **tcp, **env},
-            cwd=REPO,
+            cwd=cwd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

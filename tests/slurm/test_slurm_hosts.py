@@ -16,16 +16,9 @@ pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]  # a client, two agents
 CLIENT = (
     IMPORT_TEST_MODULES
     + """
-import json, os, socket, sys
-from actors import Pid
-from monarch.actor import context, endpoint, hosts_from_config
-
-
-class Where(Pid):
-    @endpoint
-    def where(self) -> list:
-        return [socket.gethostname(), context().actor_instance.proc_id]
-
+import json, os, sys
+from actors import Where
+from monarch.actor import hosts_from_config
 
 hosts = hosts_from_config("MONARCH_TEST_HOSTS")
 hosts.initialized.get(timeout=30)

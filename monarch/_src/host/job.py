@@ -3,7 +3,7 @@
 ``job.state()`` returns a ``JobState`` whose attributes are ``HostMesh`` es, one per name the
 job was given. ``LocalJob`` names this machine; ``ProcessJob`` starts local host agents (a
 ``{"hosts": N}`` mesh per name, the processes of ``hosts_from_config("local:N")``), torn down
-by ``kill()`` or when the client exits. Schedulers (SLURM) are jobs of their own.
+by ``kill()`` or when the client exits. ``SlurmJob`` (``slurm_job.py``) asks SLURM for nodes.
 """
 
 from __future__ import annotations
@@ -12,6 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from monarch._src.host.host_mesh import HostMesh, this_host
+
+#: Where ``state()`` keeps what a later program needs to re-attach to a scheduler's job
+#: (Monarch's default path; local jobs write nothing).
+DEFAULT_CACHED_PATH = ".monarch/job_state.pkl"
 
 
 class JobState:
@@ -38,15 +42,17 @@ class JobTrait:
         self._state: JobState | None = None
         self._killed = False
 
-    def state(self, cached_path: str | None = None) -> JobState:
+    def state(self, cached_path: str | None = DEFAULT_CACHED_PATH) -> JobState:
         """The job's host meshes, made on the first call and the same afterwards.
 
-        ``cached_path`` is accepted for Monarch's signature; monarch-aio keeps the state in
-        this client (its local agents do not outlive it), and writes no file."""
+        ``cached_path``: where a job whose machines outlive this program (``SlurmJob``)
+        records how to re-attach to them, so that a later program with the same job spec
+        attaches instead of asking for new machines; None: no file. Local jobs keep their
+        state in this client (their agents do not outlive it) and write no file."""
         if self._killed:
             raise RuntimeError("this job was killed; create a new one")
         if self._state is None:
-            self._state = JobState(self._create())
+            self._state = JobState(self._create(cached_path))
         return self._state
 
     def kill(self) -> None:
@@ -56,7 +62,7 @@ class JobTrait:
         if state is not None:
             self._release(state)
 
-    def _create(self) -> dict[str, HostMesh]:
+    def _create(self, cached_path: str | None) -> dict[str, HostMesh]:
         raise NotImplementedError
 
     def _release(self, state: JobState) -> None:
@@ -70,7 +76,7 @@ class LocalJob(JobTrait):
         super().__init__()
         self._names = list(hosts)
 
-    def _create(self) -> dict[str, HostMesh]:
+    def _create(self, cached_path: str | None) -> dict[str, HostMesh]:
         return {name: this_host() for name in self._names}
 
 
@@ -88,12 +94,17 @@ class ProcessJob(JobTrait):
         self._meshes = dict(meshes)
         self._env = dict(env or {})
 
-    def _create(self) -> dict[str, HostMesh]:
+    def _create(self, cached_path: str | None) -> dict[str, HostMesh]:
         from monarch._src.host.hosts_config import local_hosts
 
         return {name: local_hosts(count, self._env) for name, count in self._meshes.items()}
 
     def _release(self, state: JobState) -> None:
-        futures: list[Any] = [mesh.shutdown() for mesh in state._hosts.values()]
-        for f in futures:
-            f.get(timeout=30)
+        shut_down(state)
+
+
+def shut_down(state: JobState, timeout: float = 30.0) -> None:
+    """Shut down every host mesh of ``state`` (their procs stop, this client's sessions end)."""
+    futures: list[Any] = [mesh.shutdown() for mesh in state._hosts.values()]
+    for f in futures:
+        f.get(timeout=timeout)

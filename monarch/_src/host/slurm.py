@@ -176,6 +176,23 @@ def expand_hostlist(hostlist: str, env: Mapping[str, str] | None = None) -> tupl
     return tuple(run_command(["scontrol", "show", "hostnames", hostlist], env).split())
 
 
+def node_addresses(nodes: Sequence[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each node's address as SLURM reaches it (its ``NodeAddr``, which is the node's name
+    where slurm.conf gives none): where a process on that node can be reached from the
+    submitting machine and from the other nodes, even where node names do not resolve."""
+    if not nodes:
+        return {}
+    out = run_command(["sinfo", "--noheader", "--Node", f"--nodes={','.join(nodes)}", "--format=%N %o"], env)
+    found = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+    missing = [n for n in nodes if n not in found]
+    if missing:
+        raise SlurmError(
+            f"SLURM does not know the address of node(s) {', '.join(missing)} (`sinfo --Node "
+            "--format='%N %o'`)\nHINT: check the node names with `sinfo --Node`"
+        )
+    return {n: found[n] for n in nodes}
+
+
 def allocation(env: Mapping[str, str] | None = None) -> Allocation:
     """The allocation this process runs in, from the variables SLURM sets in a batch script,
     a job step or an ``salloc`` shell."""

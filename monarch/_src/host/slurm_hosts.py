@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import queue
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -41,19 +40,33 @@ STEP_EXIT_S = 5.0
 _TAIL_LINES = 20
 
 
+def agents_environment(secret: str) -> dict[str, str]:
+    """This client's environment as SLURM is to hand it to host agents on the nodes: with
+    ``secret`` (never on a command line), monarch importable, and none of this machine's own
+    settings (``configure``'s ``tcp_bind_host`` names an address of this machine, not theirs)."""
+    from monarch._src.host.agent import SECRET_ENV, SECRET_FILE_ENV
+    from monarch._src.host.spawner import worker_pythonpath
+    from monarch._src.runtime.config import OVERRIDES_ENV, overrides_for_another_host
+
+    env = dict(os.environ, **{SECRET_ENV: secret})
+    env.pop(SECRET_FILE_ENV, None)  # it would take precedence over ours in the agents
+    env["PYTHONPATH"] = worker_pythonpath(env.get("PYTHONPATH"))
+    portable = overrides_for_another_host()
+    if portable is None:
+        env.pop(OVERRIDES_ENV, None)
+    else:
+        env[OVERRIDES_ENV] = portable
+    return env
+
+
 class SlurmAgents:
     """The srun step running one host agent per node, and the addresses the agents printed."""
 
     def __init__(self, allocation: slurm.Allocation) -> None:
-        from monarch._src.host.agent import SECRET_ENV, SECRET_FILE_ENV
-        from monarch._src.host.spawner import worker_pythonpath
-
         self.allocation = allocation
         self.secret = secrets.token_hex(32)
         count = allocation.num_nodes
-        env = dict(os.environ, **{SECRET_ENV: self.secret})
-        env.pop(SECRET_FILE_ENV, None)  # it would take precedence over ours in the agents
-        env["PYTHONPATH"] = worker_pythonpath(env.get("PYTHONPATH"))
+        env = agents_environment(self.secret)
         command = [
             slurm.command_path("srun", env),
             f"--nodes={count}",
@@ -146,18 +159,11 @@ def slurm_hosts(name: str) -> HostMesh:
     return attach(agents.addresses, agents.secret.encode(), name, on_shutdown=agents.stop)
 
 
-def _address_toward(peer: str) -> str:
-    """This machine's address on the route to ``peer`` (a UDP connect sends nothing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((peer, 9))
-        return str(probe.getsockname()[0])
-
-
 def agent_main() -> int:
     """The task srun runs on each node: an agent at this node's address toward the client,
     announced on stdout, serving one client."""
     from monarch._src.host.agent import SECRET_ENV, log_to_stderr, serve
-    from monarch._src.transport.address import listen_tcp, of_listening_socket
+    from monarch._src.transport.address import address_toward, listen_tcp, of_listening_socket
 
     secret = os.environ.pop(SECRET_ENV, "")
     client = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
@@ -169,7 +175,7 @@ def agent_main() -> int:
         )
         return 2
     log_to_stderr("warning")
-    sock = listen_tcp(_address_toward(client), 0)
+    sock = listen_tcp(address_toward(client), 0)
     print(node_id, of_listening_socket(sock), flush=True)
     serve(sock, secret.encode(), once=True)
     return 0

@@ -326,6 +326,10 @@ class Agent:
         if config.hosts is not None:
             from monarch._src.host.hosts_config import hosts_from_value
 
+            from .slurm_env import SLURM_HOSTS, listen_for_nodes
+
+            if config.hosts == SLURM_HOSTS:
+                listen_for_nodes(config.local_addr, self.env)
             self.hosts = hosts_from_value(config.hosts, "--hosts")  # attaches in the background
             self.host_names = self.hosts.agent_addresses
 
@@ -890,7 +894,10 @@ class Agent:
             if sig == signal.SIGKILL and a.owner is not None:
                 a.owner.kill()  # every live worker of the attempt, on every host
         else:
-            a.runner.slice(**{LABEL: slot}).signal_group.broadcast(sig)
+            try:
+                a.runner.slice(**{LABEL: slot}).signal_group.broadcast(sig)
+            except SupervisionError:  # its host was lost: the worker is gone, its exit reported
+                pass
 
     def _wait_for_exits(self, a: _Attempt, deadline: float, escalate: bool) -> bool:
         """Process events until every worker exited (True) or ``deadline`` (False).

@@ -22,6 +22,7 @@ This module must not import torch: CUDA is detected from the driver
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shutil
@@ -1014,9 +1015,26 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
     :raises SystemExit: with code 2 for argument syntax errors (argparse).
     :raises LaunchConfigError: for bad values torchrun rejects after parsing.
     """
-    parser = build_parser(environ)
-    namespace = parser.parse_args(None if argv is None else list(argv))
-    return config_from_namespace(namespace, environ)
+    args = sys.argv[1:] if argv is None else list(argv)
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    namespace = build_parser(env).parse_args(args)
+    notice = None
+    if "SLURM_JOB_ID" in env or "SLURM_JOBID" in env:
+        from .slurm_env import apply_slurm_defaults
+
+        notice = apply_slurm_defaults(namespace, given_options(args, env), env)
+    config = config_from_namespace(namespace, env)
+    return config if notice is None else dataclasses.replace(config, notices=(notice, *config.notices))
+
+
+def given_options(argv: Sequence[str], environ: Mapping[str, str]) -> set[str]:
+    """The dests that ``argv`` or a ``PET_*`` variable of ``environ`` sets (the others keep
+    their defaults): a second parse of an already valid command line, with no defaults."""
+    parser = build_parser({})
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    given = set(vars(parser.parse_args(list(argv))))
+    return given | {a.dest for a in parser._actions if f"PET_{a.dest.upper()}" in environ}
 
 
 def parse_args_or_exit(

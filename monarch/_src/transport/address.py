@@ -97,6 +97,15 @@ def is_loopback(address: str) -> bool:
         return parsed.host == "localhost"
 
 
+def address_toward(peer: str) -> str:
+    """This machine's address on the route to ``peer`` (an address or a name): where a process
+    here listens to be reachable from there. A UDP connect sends nothing."""
+    family = socket.AF_INET6 if ":" in peer else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((peer, 9))
+        return str(probe.getsockname()[0])
+
+
 def listen_unix(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
