@@ -128,7 +128,8 @@ class Controller:
         under ``result_ids``."""
         with self.lock:
             if self.pending_ctx is not ctx:
-                self.flush()
+                if self.pending_ctx is not None:
+                    self.flush()
                 self.pending_ctx = ctx
             self.pending.append((fn, args, kwargs, result_ids))
             if len(self.pending) >= BATCH_LIMIT or len(ctx.freed) >= BATCH_LIMIT:

@@ -159,6 +159,10 @@ def handles_in(args: tuple, kwargs: dict) -> list[Tensor]:
     return [leaf for leaf in pytree.tree_leaves((args, kwargs)) if type(leaf) is Tensor]
 
 
+def _has_tensor(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves((args, kwargs)))
+
+
 def to_refs(value: Any) -> Any:
     """``value`` as shipped: handles replaced by their ids (tuples, lists, dicts walked)."""
     if type(value) is Tensor:
@@ -203,15 +207,82 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: MeshContext | None) -
             "the mesh's procs\nHINT: copy a shard here first: monarch.inspect(t) or "
             "monarch.fetch_shard(t, **coords).get()."
         )
-    if not handles and active is None:
-        return func(*args, **kwargs)
+    if not handles and (active is None or _has_tensor(args, kwargs)):
+        return func(*args, **kwargs)  # client tensors only: a local op, even under activate()
     ctx = context_of(handles, active)
+    with torch._C.DisableTorchFunctionSubclass():
+        result = meta_result(func, args, kwargs, handles)
+    return record(ctx, func, args, kwargs, result, handles)
+
+
+# -- result shapes --------------------------------------------------------------------------------
+
+#: (op, the arguments' metadata) -> how to rebuild its result: running an op on meta tensors
+#: costs hundreds of microseconds (Python decompositions), rebuilding a known result a few.
+_results: dict[tuple, tuple] = {}
+_RESULTS_LIMIT = 4096
+
+
+def _key(value: Any) -> Any:
+    """What an op's result shape can depend on in ``value``; TypeError if it cannot be a key."""
+    if isinstance(value, torch.Tensor):
+        return (torch.Tensor, tuple(value.shape), value.dtype, value.stride(), value.device.type)
+    kind = type(value)
+    if kind in (tuple, list):
+        return (kind, tuple(_key(v) for v in value))
+    if kind is dict:
+        return (dict, tuple((k, _key(v)) for k, v in value.items()))
+    if kind is slice:
+        return (slice, _key(value.start), _key(value.stop), _key(value.step))
+    hash(value)
+    return (kind, value)  # the type too: 1 and True (and 1.0) give results of different dtypes
+
+
+def _describe(result: Any, handles: list[Tensor]) -> tuple:
+    leaves, spec = pytree.tree_flatten(result)
+    described = []
+    for leaf in leaves:
+        if type(leaf) is Tensor:
+            described.append(("same", next(i for i, h in enumerate(handles) if h is leaf)))
+        elif isinstance(leaf, torch.Tensor):
+            described.append(("new", tuple(leaf.shape), leaf.stride(), leaf.dtype))
+        else:
+            described.append(("value", leaf))
+    return spec, described
+
+
+def _rebuild(entry: tuple, handles: list[Tensor]) -> Any:
+    spec, described = entry
+    leaves = []
+    for d in described:
+        if d[0] == "same":
+            leaves.append(handles[d[1]])
+        elif d[0] == "new":
+            leaves.append(torch.empty_strided(d[1], d[2], dtype=d[3], device="meta"))
+        else:
+            leaves.append(d[1])
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def meta_result(func: Any, args: tuple, kwargs: dict, handles: list[Tensor]) -> Any:
+    """What ``func`` returns on meta tensors shaped like its arguments (handles stand as themselves)."""
+    try:
+        key: tuple | None = (func, _key(args), _key(kwargs), torch.get_default_dtype())
+    except TypeError:  # an argument that is no key (unhashable): compute every time
+        key = None
+    entry = _results.get(key) if key is not None else None
+    if entry is not None:
+        return _rebuild(entry, handles)
     meta_kwargs = to_meta(kwargs)
     if "device" in meta_kwargs:
         meta_kwargs["device"] = "meta"
-    with torch._C.DisableTorchFunctionSubclass(), torch.device("meta"):
+    with torch.device("meta"):
         result = func(*to_meta(args), **meta_kwargs)
-    return record(ctx, func, args, kwargs, result, handles)
+    if key is not None:
+        if len(_results) >= _RESULTS_LIMIT:
+            _results.clear()
+        _results[key] = _describe(result, handles)
+    return result
 
 
 def record(

@@ -171,11 +171,13 @@ class TensorWorker(Actor):
         self.root_addresses = root_addresses
         self.table = tables[controller_key] = Table(self.rank)
         self.controller_key = controller_key
+        self.batches = 0
 
     @endpoint
     def run(self, commands: list[tuple]) -> None:
         """Run a batch: ``(fn, args, kwargs, result ids)`` ops, and ``(None, ids)`` frees."""
         table = self.table
+        self.batches += 1
         _running.rank = self.rank
         for command in commands:
             fn = command[0]
@@ -239,9 +241,10 @@ class TensorWorker(Actor):
         return fn(*resolve(args, self.table), **resolve(kwargs, self.table))
 
     @endpoint
-    def table_size(self) -> int:
-        """How many values (and failures) this proc holds: freed handles must shrink it."""
-        return len(self.table)
+    def stats(self) -> dict[str, int]:
+        """How many values (and failures) this proc holds (freed handles must shrink it), and how
+        many batches it ran (ops travel many to a message)."""
+        return {"values": len(self.table), "batches": self.batches}
 
     def __cleanup__(self, exc: BaseException | None) -> None:
         tables.pop(self.controller_key, None)
