@@ -106,8 +106,9 @@ class Controller:
         self.pending: list[tuple] = []
         self.pending_ctx: MeshContext | None = None
         self.root_ctx = self.context(everyone)
-        #: Whether the procs joined one torch.distributed process group (at the first reduction).
-        self.world_ready = False
+        #: The rendezvous store of the procs' torch.distributed process group, made at the first
+        #: reduction (None: not yet).
+        self.world_store: Any = None
 
     def context(self, mesh: ProcMesh) -> MeshContext:
         addresses = tuple(mesh.proc_addresses())

@@ -3,15 +3,13 @@
 On the client a reduction is one more op: its result shape is known here, and each proc is
 told the groups of procs that reduce together (those equal on every dimension not reduced).
 On the procs it runs on torch.distributed: at the first reduction of an engine every proc of
-its root mesh joins one process group (gloo; a file store in the temp directory, as all procs
-of a root mesh run on this machine or share its file system), and each set of procs that
+its root mesh joins one process group (gloo, through a TCP store the client runs), and each set of procs that
 reduces together gets its own subgroup, created when first used by its members only.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
+import socket
 from typing import Any
 
 import torch
@@ -45,13 +43,20 @@ def groups(ctx: MeshContext, dims: list[str]) -> tuple[tuple[int, ...], ...]:
 
 
 def ensure_world(controller: Controller) -> None:
-    """Queue, once per engine, the op that makes every proc of the root mesh join one process group."""
+    """Queue, once per engine, the op that makes every proc of the root mesh join one process
+    group, whose rendezvous store lives here, in the client (it goes when the client goes)."""
+    import torch.distributed as dist
+
     with controller.lock:
-        if controller.world_ready:
+        if controller.world_store is not None:
             return
-        store = os.path.join(tempfile.gettempdir(), f"monarch-tensor-{controller.key}.store")
-        controller.record(controller.root_ctx, join_world, (store, len(controller.root_addresses)), {}, [])
-        controller.world_ready = True
+        local = all(a.startswith("unix:") for a in controller.root_addresses)
+        host = "127.0.0.1" if local else socket.gethostname()
+        size = len(controller.root_addresses)
+        controller.world_store = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False)
+        controller.record(
+            controller.root_ctx, join_world, (f"tcp://{host}:{controller.world_store.port}", size), {}, []
+        )
 
 
 def reduce_tensor(
