@@ -57,7 +57,7 @@ class MeshContext:
             "tensor_worker",
             controller.worker_key,
             self.addresses,
-            Shape.from_extent(Extent(["rank"], [len(self.addresses)])),
+            Shape.from_extent(self.extent),  # replies (remote functions' call()) by mesh coordinates
         )
         #: Ids of freed handles; appended to by finalizers (any thread, so no lock: list.append
         #: is atomic), swapped out by the next flush.
@@ -164,7 +164,7 @@ class Controller:
     def fetch(self, ctx: MeshContext, rank: int, ids: list[int]) -> Future[list[Any]]:
         """The values of ``ids`` on one proc of ``ctx``, after every op issued so far."""
         self.flush()
-        reply = ctx.workers.slice(rank=rank).fetch.call_one(ids)
+        reply = ctx.workers.slice(**ctx.coordinates(rank)).fetch.call_one(ids)
         done: Future[list[Any]] = pending_future()
 
         def settle(f: Future[Any]) -> None:
