@@ -105,6 +105,9 @@ class Controller:
         self.contexts: dict[tuple[str, ...], MeshContext] = {}
         self.pending: list[tuple] = []
         self.pending_ctx: MeshContext | None = None
+        #: Batches sent to each proc, by root rank: a tensor sent to an actor carries these
+        #: counts, and the actor waits until its proc's worker ran that many (issue order).
+        self.batches_sent = [0] * len(self.root_addresses)
         self.root_ctx = self.context(everyone)
         #: The rendezvous store of the procs' torch.distributed process group, made at the first
         #: reduction (None: not yet).
@@ -144,12 +147,18 @@ class Controller:
             self.pending_ctx = None
             if ctx is not None:
                 commands.extend(self.take_frees(ctx))
-                ctx.workers.run.broadcast(commands)
+                self.send(ctx, commands)
             for other in self.contexts.values():
                 if other.freed:
                     frees = self.take_frees(other)
                     if frees:
-                        other.workers.run.broadcast(frees)
+                        self.send(other, frees)
+
+    def send(self, ctx: MeshContext, commands: list[tuple]) -> None:
+        sent = self.batches_sent
+        for r in ctx.root_ranks:
+            sent[r] += 1
+        ctx.workers.run.broadcast(commands)
 
     @staticmethod
     def take_frees(ctx: MeshContext) -> list[tuple]:

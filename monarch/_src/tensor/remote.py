@@ -19,13 +19,22 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from monarch._src.actor.actor_mesh import ActorMesh
 from monarch._src.actor.future import Future
 from monarch._src.actor.port import Port
 from monarch._src.mesh.shape import Shape
 from monarch._src.tensor.controller import MeshContext
-from monarch._src.tensor.tensor import active_context, context_of, handles_in, record, to_meta, to_refs
+from monarch._src.tensor.tensor import (
+    Tensor,
+    active_context,
+    context_of,
+    handles_in,
+    record,
+    to_meta,
+    to_refs,
+)
 from monarch._src.tensor.worker import TensorWorker
 
 NO_ACTIVE_MESH = (
@@ -58,7 +67,7 @@ def _shape_result(ctx: MeshContext, fn: Callable[..., Any], args: tuple, kwargs:
     shaper = propagate if propagate is not None else fn
     with torch._C.DisableTorchFunctionSubclass(), torch.device("meta"):
         try:
-            return shaper(*to_meta(args), **to_meta(kwargs))
+            result = shaper(*to_meta(args), **to_meta(kwargs))
         except Exception as e:
             what = (
                 "its propagate function" if propagate is not None else "the function itself, on meta tensors,"
@@ -67,6 +76,8 @@ def _shape_result(ctx: MeshContext, fn: Callable[..., Any], args: tuple, kwargs:
                 f"the shape of {getattr(fn, '__name__', fn)}'s result is unknown: {what} raised {e!r}\n"
                 "HINT: give propagate=, a function of the same arguments returning a tensor of the result's shape."
             ) from e
+        # ``propagate=lambda x: x`` returns its argument: the result is a new tensor all the same
+        return pytree.tree_map(lambda v: torch.empty_like(v) if type(v) is Tensor else v, result)
 
 
 class Remote:

@@ -89,11 +89,14 @@ class Tensor(torch.Tensor):
         return reduce_tensor(self, dims, reduction, scatter, mesh, _inplace, out)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        # Sent to an actor of the same procs: it gets its proc's shard, after every op issued
-        # before the call (the pending batch goes out first, on the same connections).
+        # Sent to an actor of the same procs: it gets its proc's shard once the proc's worker
+        # ran every batch sent before the call (ops issued before it, in place ones included).
         ctx = self.context
-        ctx.controller.flush()
-        return (local_shard, (ctx.controller.key, self.ref_id))
+        controller = ctx.controller
+        with controller.lock:
+            controller.flush()
+            batches = {r: controller.batches_sent[r] for r in ctx.root_ranks}
+        return (local_shard, (controller.key, self.ref_id, batches))
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         with torch._C.DisableTorchFunctionSubclass():

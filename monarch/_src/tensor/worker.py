@@ -67,6 +67,8 @@ class Table:
         self.values: dict[int, Any] = {}
         self.failed: dict[int, RemoteException] = {}
         self.changed = threading.Condition()
+        #: Batches of commands run so far (an actor given a shard waits for its call's turn).
+        self.batches_run = 0
 
     def store(self, ref_id: int, value: Any) -> None:
         with self.changed:
@@ -85,6 +87,16 @@ class Table:
         for i in ids:
             values.pop(i, None)
             failed.pop(i, None)
+
+    def batch_done(self) -> None:
+        with self.changed:
+            self.batches_run += 1
+            self.changed.notify_all()
+
+    def wait_batches(self, n: int, wait_s: float) -> bool:
+        """Wait until ``n`` batches ran; False if they did not within ``wait_s``."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.batches_run >= n, wait_s)
 
     def get(self, ref_id: int, wait_s: float = 0.0) -> Any:
         """The value of ``ref_id``; raises its ``RemoteException``, or ``KeyError`` after ``wait_s``."""
@@ -122,8 +134,9 @@ def root_rank() -> int:
     return _running.rank
 
 
-def local_shard(controller_key: str, ref_id: int) -> Any:
-    """What a distributed tensor unpickles to in an actor: this proc's value of it."""
+def local_shard(controller_key: str, ref_id: int, batches: dict[int, int]) -> Any:
+    """What a distributed tensor unpickles to in an actor: this proc's value of it, once the
+    proc's worker ran the ``batches`` sent to it before the tensor was."""
     table = tables.get(controller_key)
     if table is None:
         raise RuntimeError(
@@ -131,6 +144,8 @@ def local_shard(controller_key: str, ref_id: int) -> Any:
             "HINT: pass it only to actors spawned on the procs of the mesh it lives on, or move "
             "it first with monarch.to_mesh."
         )
+    if not table.wait_batches(batches.get(table.rank, 0), VALUE_WAIT_S):
+        raise RuntimeError(f"the tensor ops issued before this call did not run within {VALUE_WAIT_S:.0f} s")
     try:
         return table.get(ref_id, VALUE_WAIT_S)
     except KeyError:
@@ -179,12 +194,15 @@ class TensorWorker(Actor):
         table = self.table
         self.batches += 1
         _running.rank = self.rank
-        for command in commands:
-            fn = command[0]
-            if fn is None:
-                table.delete(command[1])
-            else:
-                self.run_op(fn, command[1], command[2], command[3])
+        try:
+            for command in commands:
+                fn = command[0]
+                if fn is None:
+                    table.delete(command[1])
+                else:
+                    self.run_op(fn, command[1], command[2], command[3])
+        finally:  # even a batch that stopped short lets the actors waiting for it go on
+            table.batch_done()
 
     def run_op(self, fn: Callable[..., Any], args: tuple, kwargs: dict, result_ids: list[int]) -> None:
         table = self.table
