@@ -50,6 +50,7 @@ class NamedFunction:
         if not module:
             raise ValueError(f"remote({path!r}): give a function as 'module.function'")
         self.path = path
+        self.__qualname__ = path  # how errors name the op
 
     def load(self) -> Callable[..., Any]:
         module, _, name = self.path.rpartition(".")
@@ -163,6 +164,7 @@ class EndpointCall:
     def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
         self.mesh = mesh
         self.name = name
+        self.__qualname__ = f"{name}.rref"  # how errors name the op
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from monarch._src.actor.process_state import runtime
