@@ -121,3 +121,12 @@ def test_client_tensors_used_in_ops_travel_as_constants(procs):
         t = torch.ones(3) * weights
         t[0] = 7.0  # item assignment is an op too
     assert monarch.inspect(t, gpus=1).tolist() == [7.0, 2.0, 3.0]
+
+
+def test_torch_tensor_and_as_tensor_of_client_data_make_distributed_tensors(procs):
+    data = torch.arange(3.0)
+    with procs.activate():
+        a = torch.as_tensor(data)
+        b = torch.tensor([1.0, 2.0])
+    assert type(a) is monarch.Tensor and type(b) is monarch.Tensor
+    assert monarch.inspect(a, gpus=1).tolist() == [0.0, 1.0, 2.0] and monarch.inspect(b).tolist() == [1.0, 2.0]

@@ -40,6 +40,10 @@ _NEEDS_VALUES = {
     torch.Tensor.__array__,
 }
 
+#: Factories that take their data from the client (a client tensor too): under ``activate()``
+#: they make a distributed tensor of it, where other calls on client tensors stay local.
+_DATA_FACTORIES = {torch.tensor, torch.as_tensor}
+
 #: Calls without a tensor result that must still run on the procs.
 _REMOTE_EFFECTS = {torch.manual_seed, torch.random.manual_seed}
 
@@ -210,7 +214,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: MeshContext | None) -
             "the mesh's procs\nHINT: copy a shard here first: monarch.inspect(t) or "
             "monarch.fetch_shard(t, **coords).get()."
         )
-    if not handles and (active is None or _has_tensor(args, kwargs)):
+    if not handles and (active is None or (func not in _DATA_FACTORIES and _has_tensor(args, kwargs))):
         return func(*args, **kwargs)  # client tensors only: a local op, even under activate()
     ctx = context_of(handles, active)
     with torch._C.DisableTorchFunctionSubclass():
