@@ -129,4 +129,7 @@ def test_torch_tensor_and_as_tensor_of_client_data_make_distributed_tensors(proc
         a = torch.as_tensor(data)
         b = torch.tensor([1.0, 2.0])
     assert type(a) is monarch.Tensor and type(b) is monarch.Tensor
-    assert monarch.inspect(a, gpus=1).tolist() == [0.0, 1.0, 2.0] and monarch.inspect(b).tolist() == [1.0, 2.0]
+    assert monarch.inspect(a, gpus=1).tolist() == [0.0, 1.0, 2.0] and monarch.inspect(b).tolist() == [
+        1.0,
+        2.0,
+    ]

@@ -38,7 +38,7 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) ->
     remaining = [len(wanted)]
 
     def fill(positions: list[int]) -> Any:
-        def settle(f: Future[list[Any]]) -> None:
+        def settle(f: Future[Any]) -> None:
             values, exc = outcome(f)
             if exc is not None:
                 set_exception(done, exc)

@@ -98,7 +98,7 @@ class Controller:
         self.key = uuid.uuid4().hex
         self.root_addresses = root.root_addresses
         everyone = proc_mesh_reference(self.root_addresses, Extent(["rank"], [len(self.root_addresses)]))
-        workers = everyone.spawn("tensor_worker", TensorWorker, self.key, self.root_addresses)
+        workers: Any = everyone.spawn("tensor_worker", TensorWorker, self.key, self.root_addresses)
         self.worker_key = _actor_key(workers)
         self.lock = threading.RLock()
         self.ids = itertools.count(1)

@@ -173,7 +173,7 @@ class EndpointCall:
         here = runtime().address
         for base in shape.ranks():
             if addresses[base] == here:
-                local = ActorMesh(cls, name, key, (here,), Shape.unity())
+                local: ActorMesh[Any] = ActorMesh(cls, name, key, (here,), Shape.unity())
                 return getattr(local, self.name).call_one(*args, **kwargs).get()
         raise RuntimeError(f"actor mesh {name} has no actor on this proc ({here}) to run {self.name}.rref")
 

@@ -102,7 +102,7 @@ class Tensor(torch.Tensor):
             batches = {r: controller.batches_sent[r] for r in ctx.root_ranks}
         return (local_shard, (controller.key, self.ref_id, batches))
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         with torch._C.DisableTorchFunctionSubclass():
             shape, dtype = tuple(self.shape), self.dtype
         return f"monarch.Tensor(id={self.ref_id}, shape={shape}, dtype={dtype}, mesh={self.context!r})"
@@ -162,12 +162,32 @@ def activate(mesh: ProcMesh) -> Any:
 # -- running an op ------------------------------------------------------------------------------
 
 
+def _tensors(value: Any, found: list[torch.Tensor]) -> None:
+    """Collect the tensors in ``value`` (tuples, lists, dicts walked: what torch calls take;
+    a plain walk, as torch's pytree costs most of an op's time here)."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        for v in value:
+            _tensors(v, found)
+    elif kind is dict:
+        for v in value.values():
+            _tensors(v, found)
+    elif isinstance(value, torch.Tensor):
+        found.append(value)
+
+
 def handles_in(args: tuple, kwargs: dict) -> list[Tensor]:
-    return [leaf for leaf in pytree.tree_leaves((args, kwargs)) if type(leaf) is Tensor]
+    found: list[torch.Tensor] = []
+    _tensors(args, found)
+    if kwargs:
+        _tensors(kwargs, found)
+    return [t for t in found if type(t) is Tensor]  # type: ignore[misc]
 
 
 def _has_tensor(args: tuple, kwargs: dict) -> bool:
-    return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves((args, kwargs)))
+    found: list[torch.Tensor] = []
+    _tensors((args, kwargs), found)
+    return bool(found)
 
 
 def to_refs(value: Any) -> Any:
@@ -232,10 +252,12 @@ _RESULTS_LIMIT = 4096
 
 def _key(value: Any) -> Any:
     """What an op's result shape can depend on in ``value``; TypeError if it cannot be a key."""
-    if isinstance(value, torch.Tensor):
-        return (torch.Tensor, tuple(value.shape), value.dtype, value.stride(), value.device.type)
     kind = type(value)
-    if kind in (tuple, list):
+    if kind is Tensor:  # a handle: on meta
+        return (kind, value.shape, value.dtype, value.stride())
+    if isinstance(value, torch.Tensor):
+        return (torch.Tensor, value.shape, value.dtype, value.stride(), value.device.type)
+    if kind is tuple or kind is list:
         return (kind, tuple(_key(v) for v in value))
     if kind is dict:
         return (dict, tuple((k, _key(v)) for k, v in value.items()))
@@ -247,7 +269,7 @@ def _key(value: Any) -> Any:
 
 def _describe(result: Any, handles: list[Tensor]) -> tuple:
     leaves, spec = pytree.tree_flatten(result)
-    described = []
+    described: list[tuple] = []
     for leaf in leaves:
         if type(leaf) is Tensor:
             described.append(("same", next(i for i, h in enumerate(handles) if h is leaf)))
@@ -297,6 +319,8 @@ def record(
 ) -> Any:
     """Queue ``fn`` for the procs of ``ctx`` and return ``result`` (its meta value) with a handle
     for each tensor in it."""
+    if type(result) is torch.Tensor:  # most ops: one new tensor
+        return _record_one(ctx, fn, args, kwargs, result)
     leaves, spec = pytree.tree_flatten(result)
     tensor_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     if not tensor_at:
@@ -318,3 +342,16 @@ def record(
     if active_context() is None:  # no activate() block to end the batch: send it now
         controller.flush()
     return pytree.tree_unflatten(leaves, spec)
+
+
+def _record_one(
+    ctx: MeshContext, fn: Callable[..., Any], args: tuple, kwargs: dict, meta: torch.Tensor
+) -> Tensor:
+    controller: Controller = ctx.controller
+    with controller.lock:
+        ref_id = next(controller.ids)
+        handle = Tensor.wrap(meta, ctx, ref_id)
+        controller.record(ctx, fn, to_refs(args), to_refs(kwargs) if kwargs else kwargs, [ref_id])
+    if active_context() is None:  # no activate() block to end the batch: send it now
+        controller.flush()
+    return handle
