@@ -59,6 +59,10 @@ def main() -> None:
             finished = time.perf_counter()
             issue.append(args.ops / (issued - start))
             done.append(args.ops / (finished - start))
+        final = monarch.fetch_shard(t, gpus=args.procs - 1).get()
+        expected = float(args.ops * (args.rounds + 1))
+        if final.tolist() != [expected] * 4:  # the ops really ran, every one of them, on the last proc too
+            raise AssertionError(f"the last proc holds {final.tolist()}, expected [{expected}] * 4")
         result["issue_ops_per_s"] = statistics.median(issue[1:])
         result["completed_ops_per_s"] = statistics.median(done[1:])
 
