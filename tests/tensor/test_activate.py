@@ -8,16 +8,8 @@ import torch
 
 import monarch
 from monarch._src.tensor.controller import BATCH_LIMIT, controller_for
-from monarch.actor import this_host
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture(scope="module")
-def procs():
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
-    yield pm
-    pm.stop().get(timeout=10)
 
 
 def worker_stats(pm) -> list[dict[str, int]]:

@@ -3,8 +3,7 @@ import no torch; the first tensor name asked of ``monarch`` does."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from helpers import run_python
 
 
 def test_torch_comes_only_with_the_tensor_engine() -> None:
@@ -14,7 +13,7 @@ def test_torch_comes_only_with_the_tensor_engine() -> None:
         "monarch.fetch_shard\n"
         "print('torch' in sys.modules, sorted(n for n in monarch.__all__ if not hasattr(monarch, n)))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["False", "True []"]
 
@@ -27,6 +26,6 @@ def test_activate_without_the_tensor_layer_says_what_to_do() -> None:
         "except RuntimeError as e:\n"
         "    print(e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert "the tensor engine is not loaded" in out.stdout and "HINT: import monarch.actor" in out.stdout

@@ -9,16 +9,9 @@ import pytest
 import torch
 
 import monarch
-from monarch.actor import Channel, ValueMesh, send, this_host
+from monarch.actor import Channel, ValueMesh, send
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture(scope="module")
-def procs():
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
-    yield pm
-    pm.stop().get(timeout=10)
 
 
 @monarch.remote

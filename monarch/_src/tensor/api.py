@@ -9,14 +9,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from monarch._src.actor.future import (
-    Future,
-    add_done_callback,
-    outcome,
-    pending_future,
-    set_exception,
-    set_result,
-)
+from monarch._src.actor import future
+from monarch._src.actor.future import Future
 from monarch._src.actor.proc_mesh import ProcMesh
 from monarch._src.tensor.controller import MeshContext, controller_for
 from monarch._src.tensor.tensor import Tensor, activation, active_context, record
@@ -31,30 +25,27 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) ->
     for i, leaf in enumerate(leaves):
         if type(leaf) is Tensor:
             wanted.setdefault((leaf.context, leaf.context.rank_of(coords)), []).append(i)
-    done: Future[Any] = pending_future()
-    if not wanted:
-        set_result(done, obj)
-        return done
-    remaining = [len(wanted)]
+    # one fetch per proc asked, all sent before any is waited for
+    replies: list[tuple[list[int], Future[Any]]] = [
+        (positions, ctx.controller.fetch(ctx, rank, [leaves[i].ref_id for i in positions]))
+        for (ctx, rank), positions in wanted.items()
+    ]
+    done: Future[Any] = future.pending_future()
 
-    def fill(positions: list[int]) -> Any:
-        def settle(f: Future[Any]) -> None:
-            values, exc = outcome(f)
+    def settle(all_done: Future[None]) -> None:
+        for positions, reply in replies:
+            got, exc = future.outcome(reply)
+            values = got or []
+            if exc is None:  # the worker answers (True, value) or (False, RemoteException) for each
+                exc = next((value for ok, value in values if not ok), None)
             if exc is not None:
-                set_exception(done, exc)
+                future.set_exception(done, exc)
                 return
-            assert values is not None
-            for at, value in zip(positions, values):
+            for at, (_, value) in zip(positions, values):
                 leaves[at] = value
-            remaining[0] -= 1
-            if not remaining[0]:
-                set_result(done, pytree.tree_unflatten(leaves, spec))
+        future.set_result(done, pytree.tree_unflatten(leaves, spec))
 
-        return settle
-
-    for (ctx, rank), positions in wanted.items():
-        reply = ctx.controller.fetch(ctx, rank, [leaves[i].ref_id for i in positions])
-        add_done_callback(reply, fill(positions))
+    future.add_done_callback(future.when_all_done([reply for _, reply in replies]), settle)
     return done
 
 
@@ -128,21 +119,15 @@ def reduce(
     reduction: str = "sum",
     scatter: bool = False,
     mesh: ProcMesh | None = None,
+    _inplace: bool = False,
 ) -> Any:
     """``t.reduce(...)`` for each distributed tensor of a pytree."""
     return pytree.tree_map(
-        lambda t: t.reduce(dims, reduction, scatter, mesh) if type(t) is Tensor else t, tensors
+        lambda t: t.reduce(dims, reduction, scatter, mesh, _inplace=_inplace) if type(t) is Tensor else t,
+        tensors,
     )
 
 
-def reduce_(
-    tensors: Any,
-    dims: str | list[str],
-    reduction: str = "sum",
-    scatter: bool = False,
-    mesh: ProcMesh | None = None,
-) -> Any:
-    """``t.reduce(..., _inplace=True)`` for each distributed tensor of a pytree."""
-    return pytree.tree_map(
-        lambda t: t.reduce(dims, reduction, scatter, mesh, _inplace=True) if type(t) is Tensor else t, tensors
-    )
+def reduce_(tensors: Any, dims: str | list[str], reduction: str = "sum", **options: Any) -> Any:
+    """``reduce`` in place: each distributed tensor of the pytree holds its result."""
+    return reduce(tensors, dims, reduction, _inplace=True, **options)

@@ -20,14 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monarch._src.actor.actor_mesh import ActorMesh
-from monarch._src.actor.future import (
-    Future,
-    add_done_callback,
-    outcome,
-    pending_future,
-    set_exception,
-    set_result,
-)
+from monarch._src.actor.future import Future
 from monarch._src.actor.proc_mesh import ProcMesh, proc_mesh_reference
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.shape import Shape
@@ -170,26 +163,11 @@ class Controller:
         del freed[:n]
         return [(None, ids)]
 
-    def fetch(self, ctx: MeshContext, rank: int, ids: list[int]) -> Future[list[Any]]:
-        """The values of ``ids`` on one proc of ``ctx``, after every op issued so far."""
+    def fetch(self, ctx: MeshContext, rank: int, ids: list[int]) -> Future[list[tuple[bool, Any]]]:
+        """The values of ``ids`` on one proc of ``ctx``, after every op issued so far, each as
+        ``(True, tensor)`` or ``(False, RemoteException)``."""
         self.flush()
-        reply = ctx.workers.slice(**ctx.coordinates(rank)).fetch.call_one(ids)
-        done: Future[list[Any]] = pending_future()
-
-        def settle(f: Future[Any]) -> None:
-            values, exc = outcome(f)
-            if exc is not None:
-                set_exception(done, exc)
-                return
-            assert values is not None
-            for ok, value in values:
-                if not ok:
-                    set_exception(done, value)
-                    return
-            set_result(done, [value for _, value in values])
-
-        add_done_callback(reply, settle)
-        return done
+        return ctx.workers.slice(**ctx.coordinates(rank)).fetch.call_one(ids)
 
 
 _controllers: dict[tuple[str, ...], Controller] = {}
