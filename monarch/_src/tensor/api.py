@@ -13,7 +13,7 @@ from monarch._src.actor import future
 from monarch._src.actor.future import Future
 from monarch._src.actor.proc_mesh import ProcMesh
 from monarch._src.tensor.controller import MeshContext, controller_for
-from monarch._src.tensor.tensor import Tensor, activation, active_context, record
+from monarch._src.tensor.tensor import Tensor, activation, active_context, on_client, record
 
 
 def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) -> Future[Any]:
@@ -98,7 +98,7 @@ def _move(t: Tensor, target: MeshContext) -> Tensor:
             f"moving a tensor from mesh {source!r} to mesh {target!r}, whose procs do not all hold it, "
             "is not supported\nHINT: compute it on the target mesh, or fetch it and create it there."
         )
-    with torch._C.DisableTorchFunctionSubclass():
+    with on_client():
         meta = torch.empty_like(t, device="meta")
     return record(target, _alias, (t,), {}, meta, [t])
 

@@ -114,21 +114,21 @@ class Controller:
                 ctx = self.contexts[addresses] = MeshContext(self, mesh)
             return ctx
 
-    def new_ids(self, n: int) -> list[int]:
-        ids = self.ids
-        return [next(ids) for _ in range(n)]
-
     def record(
         self, ctx: MeshContext, fn: Callable[..., Any], args: tuple, kwargs: dict, result_ids: list[int]
     ) -> None:
         """Queue ``fn(*args, **kwargs)`` to run on every proc of ``ctx``, its tensor results stored
         under ``result_ids``."""
+        self.record_command(ctx, (fn, args, kwargs, result_ids))
+
+    def record_command(self, ctx: MeshContext, command: tuple) -> None:
+        """Queue a command of ``TensorWorker.run`` for every proc of ``ctx``."""
         with self.lock:
             if self.pending_ctx is not ctx:
                 if self.pending_ctx is not None:
                     self.flush()
                 self.pending_ctx = ctx
-            self.pending.append((fn, args, kwargs, result_ids))
+            self.pending.append(command)
             if len(self.pending) >= BATCH_LIMIT or len(ctx.freed) >= BATCH_LIMIT:
                 self.flush()
 

@@ -16,7 +16,7 @@ import torch
 
 from monarch._src.actor.proc_mesh import ProcMesh
 from monarch._src.tensor.controller import Controller, MeshContext, controller_for
-from monarch._src.tensor.tensor import Tensor, active_context, record
+from monarch._src.tensor.tensor import Tensor, active_context, on_client, record
 from monarch._src.tensor.worker import root_rank
 
 #: Monarch's reduction names; ``stack`` gathers instead of combining.
@@ -97,7 +97,7 @@ def reduce_tensor(
         )
     target = out if out is not None else t if inplace else None
     ensure_world(ctx.controller)
-    with torch._C.DisableTorchFunctionSubclass():
+    with on_client():
         result: Any = target if target is not None else torch.empty(shape, dtype=t.dtype, device="meta")
     args = (t, groups(ctx, names), reduction, scatter, target)
     return record(ctx, collective, args, {}, result, [t])
@@ -192,7 +192,7 @@ def rank_tensor(mesh: ProcMesh, dim: str | list[str]) -> Tensor:
         for d in names:
             index = index * ctx.extent[d] + coords[d]
         values[ctx.root_ranks[rank]] = index
-    with torch._C.DisableTorchFunctionSubclass():
+    with on_client():
         meta = torch.empty((), dtype=torch.int64, device="meta")
     return record(ctx, rank_value, (values,), {}, meta, [])
 

@@ -22,6 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from monarch._src.actor.actor_mesh import ActorMesh
+from monarch._src.actor.endpoint import NotAnEndpoint, as_endpoint
 from monarch._src.actor.future import Future
 from monarch._src.actor.port import Port
 from monarch._src.mesh.shape import Shape
@@ -31,6 +32,7 @@ from monarch._src.tensor.tensor import (
     active_context,
     context_of,
     handles_in,
+    on_client,
     record,
     to_meta,
     to_refs,
@@ -66,7 +68,7 @@ class NamedFunction:
 def _shape_result(ctx: MeshContext, fn: Callable[..., Any], args: tuple, kwargs: dict, propagate: Any) -> Any:
     """The meta value of ``fn``'s result: ``propagate`` (or ``fn`` itself) on meta arguments."""
     shaper = propagate if propagate is not None else fn
-    with torch._C.DisableTorchFunctionSubclass(), torch.device("meta"):
+    with on_client():
         try:
             result = shaper(*to_meta(args), **to_meta(kwargs))
         except Exception as e:
@@ -174,7 +176,10 @@ class EndpointCall:
         for base in shape.ranks():
             if addresses[base] == here:
                 local: ActorMesh[Any] = ActorMesh(cls, name, key, (here,), Shape.unity())
-                return getattr(local, self.name).call_one(*args, **kwargs).get()
+                method = getattr(local, self.name)
+                if isinstance(method, NotAnEndpoint):  # as_endpoint(mesh.method, propagate=...).rref()
+                    method = as_endpoint(method)
+                return method.call_one(*args, **kwargs).get()
         raise RuntimeError(f"actor mesh {name} has no actor on this proc ({here}) to run {self.name}.rref")
 
 
@@ -193,5 +198,10 @@ def endpoint_rref(mesh: ActorMesh[Any], name: str, propagate: Any, args: tuple, 
             f"HINT: declare it with @endpoint(propagate=lambda *args: <a tensor shaped like the result>)."
         )
     call = EndpointCall(mesh, name)
+    if propagate == "inspect":  # Monarch's name for an endpoint whose result is not a tensor
+        ctx.controller.record(ctx, call, to_refs(args), to_refs(kwargs), [])
+        if active is None:
+            ctx.controller.flush()
+        return None
     result = _shape_result(ctx, call, args, kwargs, propagate)
     return record(ctx, call, args, kwargs, result, handles)

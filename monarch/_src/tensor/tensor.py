@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 
 from monarch._src.actor.proc_mesh import ProcMesh
 from monarch._src.tensor.controller import Controller, MeshContext, controller_for
-from monarch._src.tensor.worker import Ref, local_shard
+from monarch._src.tensor.worker import PIN, Ref, local_shard
 
 #: Calls that need a tensor's values, which live on the procs.
 _NEEDS_VALUES = {
@@ -92,15 +92,24 @@ class Tensor(torch.Tensor):
 
         return reduce_tensor(self, dims, reduction, scatter, mesh, _inplace, out)
 
+    def to_mesh(self, mesh: ProcMesh) -> Tensor:
+        """This tensor on ``mesh``: the same procs, or some of them (``monarch.to_mesh``)."""
+        from monarch._src.tensor.api import to_mesh  # the api module builds on this one
+
+        return to_mesh(self, mesh)
+
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Sent to an actor of the same procs: it gets its proc's shard once the proc's worker
-        # ran every batch sent before the call (ops issued before it, in place ones included).
+        # ran every batch sent before the call (ops issued before it, in place ones included);
+        # the value is pinned for it, as this handle may be freed before the actor takes it.
         ctx = self.context
         controller = ctx.controller
         with controller.lock:
+            pin_id = next(controller.ids)
+            controller.record_command(ctx, (PIN, self.ref_id, pin_id))
             controller.flush()
             batches = {r: controller.batches_sent[r] for r in ctx.root_ranks}
-        return (local_shard, (controller.key, self.ref_id, batches))
+        return (local_shard, (controller.key, pin_id, batches))
 
     def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         with torch._C.DisableTorchFunctionSubclass():
@@ -127,6 +136,18 @@ def active_context() -> MeshContext | None:
     """The mesh of the innermost ``activate()`` in this thread (None: none, or ``no_mesh``)."""
     stack = _stack()
     return stack[-1] if stack else None
+
+
+@contextmanager
+def on_client() -> Iterator[None]:
+    """Plain torch on meta tensors here, whatever mesh is active: shapes of results, no ops sent."""
+    stack = _stack()
+    stack.append(None)
+    try:
+        with torch._C.DisableTorchFunctionSubclass(), torch.device("meta"):
+            yield
+    finally:
+        stack.pop()
 
 
 class _Activation(TorchFunctionMode):

@@ -69,6 +69,8 @@ class Table:
         self.changed = threading.Condition()
         #: Batches of commands run so far (an actor given a shard waits for its call's turn).
         self.batches_run = 0
+        #: Values pinned for actors that messages carry them to, with when they were pinned.
+        self.pinned: dict[int, float] = {}
 
     def store(self, ref_id: int, value: Any) -> None:
         with self.changed:
@@ -81,6 +83,38 @@ class Table:
             self.values.pop(ref_id, None)
             self.failed[ref_id] = error
             self.changed.notify_all()
+
+    def pin(self, ref_id: int, pin_id: int) -> None:
+        """Keep ``ref_id``'s value (or failure) under ``pin_id`` too, for the actor a message
+        carries it to: the sender may free its handle before that actor takes it."""
+        with self.changed:
+            if ref_id in self.values:
+                self.values[pin_id] = self.values[ref_id]
+            elif ref_id in self.failed:
+                self.failed[pin_id] = self.failed[ref_id]
+            self.pinned[pin_id] = time.monotonic()
+            self.changed.notify_all()
+
+    def take(self, pin_id: int) -> Any:
+        """The pinned value, given up (an actor takes it once, as one message reaches one
+        actor per proc); raises its ``RemoteException``."""
+        with self.changed:
+            self.pinned.pop(pin_id, None)
+            value = self.values.pop(pin_id, _MISSING)
+            if value is not _MISSING:
+                return value
+            err = self.failed.pop(pin_id, None)
+        if err is not None:
+            raise err
+        raise KeyError(pin_id)
+
+    def sweep_pins(self) -> None:
+        """Forget pins no actor took (the message reached no actor on this proc) in ``VALUE_WAIT_S``."""
+        stale = time.monotonic() - VALUE_WAIT_S
+        old = [i for i, at in self.pinned.items() if at < stale]
+        for i in old:
+            del self.pinned[i]
+        self.delete(old)
 
     def delete(self, ids: list[int]) -> None:
         values, failed = self.values, self.failed
@@ -123,6 +157,9 @@ class Table:
 
 _MISSING = object()
 
+#: The first item of a pin command (see ``Table.pin``).
+PIN = "pin"
+
 #: This proc's tables, by controller key (one per client that activated a mesh holding it).
 tables: dict[str, Table] = {}
 
@@ -134,9 +171,10 @@ def root_rank() -> int:
     return _running.rank
 
 
-def local_shard(controller_key: str, ref_id: int, batches: dict[int, int]) -> Any:
-    """What a distributed tensor unpickles to in an actor: this proc's value of it, once the
-    proc's worker ran the ``batches`` sent to it before the tensor was."""
+def local_shard(controller_key: str, pin_id: int, batches: dict[int, int]) -> Any:
+    """What a distributed tensor unpickles to in an actor: this proc's value of it (pinned for
+    the message under ``pin_id``), once the proc's worker ran the ``batches`` sent to it before
+    the tensor was."""
     table = tables.get(controller_key)
     if table is None:
         raise RuntimeError(
@@ -147,10 +185,11 @@ def local_shard(controller_key: str, ref_id: int, batches: dict[int, int]) -> An
     if not table.wait_batches(batches.get(table.rank, 0), VALUE_WAIT_S):
         raise RuntimeError(f"the tensor ops issued before this call did not run within {VALUE_WAIT_S:.0f} s")
     try:
-        return table.get(ref_id, VALUE_WAIT_S)
+        return table.take(pin_id)
     except KeyError:
         raise RuntimeError(
-            f"tensor {ref_id} was not computed on this proc within {VALUE_WAIT_S:.0f} s (was it freed?)"
+            "a distributed tensor reached this actor twice, or after it was given up (an actor of "
+            "another mesh on this proc took it)"
         ) from None
 
 
@@ -190,7 +229,8 @@ class TensorWorker(Actor):
 
     @endpoint
     def run(self, commands: list[tuple]) -> None:
-        """Run a batch: ``(fn, args, kwargs, result ids)`` ops, and ``(None, ids)`` frees."""
+        """Run a batch: ``(fn, args, kwargs, result ids)`` ops, ``(None, ids)`` frees, and
+        ``(PIN, id, pin id)`` pins of a value a message carries to an actor."""
         table = self.table
         self.batches += 1
         _running.rank = self.rank
@@ -199,10 +239,14 @@ class TensorWorker(Actor):
                 fn = command[0]
                 if fn is None:
                     table.delete(command[1])
+                elif fn == PIN:
+                    table.pin(command[1], command[2])
                 else:
                     self.run_op(fn, command[1], command[2], command[3])
         finally:  # even a batch that stopped short lets the actors waiting for it go on
             table.batch_done()
+        if table.pinned:
+            table.sweep_pins()
 
     def run_op(self, fn: Callable[..., Any], args: tuple, kwargs: dict, result_ids: list[int]) -> None:
         table = self.table
