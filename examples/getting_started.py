@@ -1,6 +1,5 @@
 """Monarch's getting-started guide, run against monarch-aio, in the guide's order.
 
-Every section of the guide runs, in the guide's order.
 "Multiple Hosts" runs on the hosts that ``MONARCH_HOSTS`` names (see docs/hosts.md); unset, the
 example sets it to ``local:2``: two host agents on this machine, started as subprocesses and
 torn down when the script exits.
