@@ -277,8 +277,6 @@ for _ in range(4):
 # === function of "Channels and Low-level messaging"), on the 8 procs of the two hosts above ====
 
 # --- Distributed Tensors -----------------------------------------------------------------------
-import torch
-
 with trainer_procs.activate():
     t = torch.rand(3, 4)
     print(t)
