@@ -37,6 +37,14 @@ def test_getting_started_example_runs() -> None:
         out.count("message rank: {'gpus': ") == 4
         and "Actor rank: {'hosts': 1/2, 'gpus': 0/4}, message rank: {'gpus': 0/4}" in out
     )
+    # tensor engine sections: a description, shards, an actor given its shard, remote functions
+    assert "monarch.Tensor(id=1, shape=(3, 4), dtype=torch.float32, mesh={'hosts': 2, 'gpus': 4})" in out
+    assert "one tensor([[" in out and "two tensor([[" in out and "dist tensor([[" in out
+    assert out.count("Step with data <data 2> and input = tensor([") == 8
+    assert (
+        "forward failed remotely: forward.rref failed on rank 0:" in out and "relu(linear) tensor([[" in out
+    )
+    assert out.count("sent: pmem(") == 8
     # supervision sections
     assert "It didn't say hello" in out
     assert "Failure received: MeshFailure(mesh_name=child, crashed_ranks=[0]" in out

@@ -51,6 +51,7 @@ DEPENDS_ON: dict[str, set[str]] = {
     "launch": {"host"},
     "spmd": {"host"},
     "rdma": {"actor"},
+    "tensor": {"host"},
 }
 
 #: The modules of ``_src/actor/``, lowest first (see rule 3).

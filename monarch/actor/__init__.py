@@ -40,6 +40,7 @@ from monarch._src.mesh.point import Point as Point
 from monarch._src.mesh.shape import Shape as Shape
 from monarch._src.mesh.value_mesh import ValueMesh as ValueMesh
 from monarch._src.runtime.transport_choice import enable_transport as enable_transport
+from monarch._src.tensor import hooks as _tensor_hooks  # noqa: F401  (ProcMesh.activate, endpoint.rref)
 
 __all__ = [
     "Accumulator",

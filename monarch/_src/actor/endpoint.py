@@ -34,6 +34,10 @@ R = TypeVar("R")
 Selection = Literal["all", "choose"]
 Propagator = Any
 
+#: Set by the tensor layer (``monarch._src.tensor.hooks``): runs ``endpoint.rref(...)`` as
+#: ``rref_handler(mesh, endpoint name, propagate, args, kwargs)``; None without a tensor layer.
+rref_handler: Callable[..., Any] | None = None
+
 _NO_EXTENT: list[Any] = [[], []]
 #: The payload of a call without arguments, pickled once.
 _NO_ARGS = payload.dumps(((), {}))
@@ -73,6 +77,11 @@ class EndpointProperty(Generic[R]):
         self._arity: tuple[int, int] | None = None
         self.__doc__ = method.__doc__
         self.__name__ = getattr(method, "__name__", "endpoint")
+
+    @property
+    def propagator(self) -> Propagator:
+        """``@endpoint(propagate=...)``: computes the shape of ``rref`` results from the arguments'."""
+        return self._propagator
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
@@ -330,8 +339,12 @@ class ActorEndpoint(Generic[R]):
         self._send(args, kwargs)
 
     def rref(self, *args: Any, **kwargs: Any) -> Any:
-        """Monarch's tensor-engine call; always ``NotImplementedError`` here, as there is no tensor engine."""
-        raise NotImplementedError("rref needs the tensor engine, which monarch-aio does not provide")
+        """Call the endpoint on every actor, under an active mesh, and get its results as one
+        distributed tensor (shaped by the endpoint's ``propagate``), without waiting."""
+        if rref_handler is None:
+            raise RuntimeError("rref needs the tensor engine\nHINT: import monarch.actor, which installs it.")
+        self._ref.check_usable(self._name)
+        return rref_handler(self._mesh, self._name, self._prop.propagator, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(

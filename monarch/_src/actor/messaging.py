@@ -15,14 +15,16 @@ R = TypeVar("R")
 
 
 def send(
-    endpoint: ActorEndpoint[Any],
+    endpoint: Any,
     args: tuple,
     kwargs: dict,
     port: Port[Any] | None = None,
     selection: Selection = "all",
 ) -> None:
     """Send ``endpoint(*args, **kwargs)`` to the mesh; each reply goes to ``port`` (if any)."""
-    if not isinstance(endpoint, ActorEndpoint):
+    # Besides a mesh's endpoints, anything that sends itself the same way: the tensor layer's
+    # free remote functions (``monarch.remote``).
+    if not isinstance(endpoint, ActorEndpoint) and not callable(getattr(endpoint, "send_to_port", None)):
         raise TypeError(f"send() needs an endpoint of a spawned mesh (mesh.method), got {endpoint!r}")
     if selection not in ("all", "choose"):
         raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")

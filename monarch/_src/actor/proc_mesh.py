@@ -38,6 +38,10 @@ ROOT_ADDRESS_ENV = "MONARCH_ROOT_ADDRESS"
 #: as the host layer recorded it for a proc (``ProcMesh``'s ``hosts``); None: this machine.
 host_mesh_factory: Callable[[Any], Any] | None = None
 
+#: Set by the tensor layer (``monarch._src.tensor.hooks``, loaded by ``import monarch.actor``):
+#: what ``activate`` and ``rank_tensor`` hand over to; None where no tensor layer is loaded.
+tensor_engine: Any = None
+
 
 class ProcOwner(Protocol):
     """What owns the OS processes of a ProcMesh (the host layer's process group).
@@ -235,9 +239,24 @@ class ProcMesh(MeshTrait):
         # Every worker's output up to the switch has arrived: apply the client's half.
         log_forwarding.set_client_options(mid, stream, window)
 
+    def proc_addresses(self) -> list[str]:
+        """The address of each proc of this (sliced) mesh, by rank: the tensor engine reaches its
+        per-proc workers through them."""
+        return self._proc_addresses()
+
+    @property
+    def root_addresses(self) -> tuple[str, ...]:
+        """Every proc of the mesh this one was sliced from (slices share it): one tensor engine
+        serves them all, so tensors can move between slices."""
+        return self._addresses
+
     def activate(self) -> Any:
-        """Monarch's tensor-engine activation; always ``NotImplementedError`` here."""
-        raise NotImplementedError("the tensor engine (activate) is not part of monarch-aio")
+        """A context manager: inside it, torch ops make distributed tensors on this mesh's procs."""
+        return _tensor_engine().activate(self)
+
+    def rank_tensor(self, dim: str | list[str]) -> Any:
+        """A distributed int64 scalar: each proc's index along ``dim`` (several: row-major)."""
+        return _tensor_engine().rank_tensor(self, dim)
 
     async def __aenter__(self) -> ProcMesh:
         return self
@@ -250,6 +269,15 @@ class ProcMesh(MeshTrait):
 
     def __repr__(self) -> str:
         return f"ProcMesh({self._mesh_shape.extent})"
+
+
+def _tensor_engine() -> Any:
+    if tensor_engine is None:
+        raise RuntimeError(
+            "the tensor engine is not loaded\nHINT: import monarch.actor (it installs the engine; torch is "
+            "imported only once a mesh is activated)."
+        )
+    return tensor_engine
 
 
 # -- spawn-time bootstrap ---------------------------------------------------------------------

@@ -1,0 +1,312 @@
+"""The tensor engine's half on each proc: a table of local tensors, filled by ops run in issue order.
+
+One ``TensorWorker`` actor per proc of an activated mesh receives the controller's batches of
+commands and runs them one after another on its own thread (a sync actor, so a collective or
+a wait on an ``rref`` result never blocks the proc's event loop). Every value an op produces
+is stored under the id the controller gave its handle; an op that raises stores a
+``RemoteException`` under its result ids instead, and an op reading such a result fails the
+same way without running, so an error shows wherever an affected tensor is fetched while
+independent tensors stay usable.
+
+Actors of the same proc see the worker's table through ``local_shard``: a distributed tensor
+pickled into an endpoint call arrives as that proc's shard.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from monarch._src.actor.actor import Actor
+from monarch._src.actor.endpoint import endpoint
+from monarch._src.actor.process_state import runtime
+
+#: How long a reader waits for a value that an op not yet run will produce (an ``rref`` whose
+#: endpoint is still running, a shard unpickled before the worker got to its op).
+VALUE_WAIT_S = 300.0
+
+
+class RemoteException(Exception):
+    """An op of the tensor engine failed on a proc; the message carries the remote traceback.
+
+    Every tensor computed from the op's results fails with the same exception when fetched.
+    """
+
+    def __init__(self, message: str, op: str = "", rank: int = -1) -> None:
+        super().__init__(message)
+        self.op = op
+        self.rank = rank
+
+    def __reduce__(self) -> Any:
+        return (RemoteException, (self.args[0], self.op, self.rank))
+
+
+class Ref:
+    """A distributed tensor inside a shipped op's arguments: the id of its local value."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, ref_id: int) -> None:
+        self.id = ref_id
+
+    def __reduce__(self) -> Any:
+        return (Ref, (self.id,))
+
+    def __repr__(self) -> str:
+        return f"Ref({self.id})"
+
+
+class Table:
+    """The values of one controller's tensors on this proc, by id; readers may wait for one."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.values: dict[int, Any] = {}
+        self.failed: dict[int, RemoteException] = {}
+        self.changed = threading.Condition()
+        #: Batches of commands run so far (an actor given a shard waits for its call's turn).
+        self.batches_run = 0
+        #: Values pinned for actors that messages carry them to, with when they were pinned.
+        self.pinned: dict[int, float] = {}
+
+    def store(self, ref_id: int, value: Any) -> None:
+        with self.changed:
+            self.values[ref_id] = value
+            self.failed.pop(ref_id, None)
+            self.changed.notify_all()
+
+    def fail(self, ref_id: int, error: RemoteException) -> None:
+        with self.changed:
+            self.values.pop(ref_id, None)
+            self.failed[ref_id] = error
+            self.changed.notify_all()
+
+    def pin(self, ref_id: int, pin_id: int) -> None:
+        """Keep ``ref_id``'s value (or failure) under ``pin_id`` too, for the actor a message
+        carries it to: the sender may free its handle before that actor takes it."""
+        with self.changed:
+            if ref_id in self.values:
+                self.values[pin_id] = self.values[ref_id]
+            elif ref_id in self.failed:
+                self.failed[pin_id] = self.failed[ref_id]
+            self.pinned[pin_id] = time.monotonic()
+            self.changed.notify_all()
+
+    def take(self, pin_id: int) -> Any:
+        """The pinned value, given up (an actor takes it once, as one message reaches one
+        actor per proc); raises its ``RemoteException``."""
+        with self.changed:
+            self.pinned.pop(pin_id, None)
+            value = self.values.pop(pin_id, _MISSING)
+            if value is not _MISSING:
+                return value
+            err = self.failed.pop(pin_id, None)
+        if err is not None:
+            raise err
+        raise KeyError(pin_id)
+
+    def sweep_pins(self) -> None:
+        """Forget pins no actor took (the message reached no actor on this proc) in ``VALUE_WAIT_S``."""
+        stale = time.monotonic() - VALUE_WAIT_S
+        old = [i for i, at in self.pinned.items() if at < stale]
+        for i in old:
+            del self.pinned[i]
+        self.delete(old)
+
+    def delete(self, ids: list[int]) -> None:
+        values, failed = self.values, self.failed
+        for i in ids:
+            values.pop(i, None)
+            failed.pop(i, None)
+
+    def batch_done(self) -> None:
+        with self.changed:
+            self.batches_run += 1
+            self.changed.notify_all()
+
+    def wait_batches(self, n: int, wait_s: float) -> bool:
+        """Wait until ``n`` batches ran; False if they did not within ``wait_s``."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.batches_run >= n, wait_s)
+
+    def get(self, ref_id: int, wait_s: float = 0.0) -> Any:
+        """The value of ``ref_id``; raises its ``RemoteException``, or ``KeyError`` after ``wait_s``."""
+        value = self.values.get(ref_id, _MISSING)
+        if value is not _MISSING:
+            return value
+        deadline = time.monotonic() + wait_s
+        with self.changed:
+            while True:
+                value = self.values.get(ref_id, _MISSING)
+                if value is not _MISSING:
+                    return value
+                err = self.failed.get(ref_id)
+                if err is not None:
+                    raise err
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KeyError(ref_id)
+                self.changed.wait(left)
+
+    def __len__(self) -> int:
+        return len(self.values) + len(self.failed)
+
+
+_MISSING = object()
+
+#: The first item of a pin command (see ``Table.pin``).
+PIN = "pin"
+
+#: This proc's tables, by controller key (one per client that activated a mesh holding it).
+tables: dict[str, Table] = {}
+
+_running = threading.local()
+
+
+def root_rank() -> int:
+    """Inside an op: this proc's rank in the root mesh (its rank in the engine's process group)."""
+    return _running.rank
+
+
+def local_shard(controller_key: str, pin_id: int, batches: dict[int, int]) -> Any:
+    """What a distributed tensor unpickles to in an actor: this proc's value of it (pinned for
+    the message under ``pin_id``), once the proc's worker ran the ``batches`` sent to it before
+    the tensor was."""
+    table = tables.get(controller_key)
+    if table is None:
+        raise RuntimeError(
+            "a distributed tensor was sent to an actor on a proc outside the tensor's mesh\n"
+            "HINT: pass it only to actors spawned on the procs of the mesh it lives on, or move "
+            "it first with monarch.to_mesh."
+        )
+    if not table.wait_batches(batches.get(table.rank, 0), VALUE_WAIT_S):
+        raise RuntimeError(f"the tensor ops issued before this call did not run within {VALUE_WAIT_S:.0f} s")
+    try:
+        return table.take(pin_id)
+    except KeyError:
+        raise RuntimeError(
+            "a distributed tensor reached this actor twice, or after it was given up (an actor of "
+            "another mesh on this proc took it)"
+        ) from None
+
+
+def resolve(value: Any, table: Table) -> Any:
+    """``value`` with every ``Ref`` replaced by its local tensor (tuples, lists, dicts walked)."""
+    if type(value) is Ref:
+        return table.get(value.id, VALUE_WAIT_S)
+    if type(value) in (tuple, list):
+        return type(value)(resolve(v, table) for v in value)
+    if type(value) is dict:
+        return {k: resolve(v, table) for k, v in value.items()}
+    return value
+
+
+def tensor_leaves(value: Any) -> list[Any]:
+    """The tensors in an op's result, in the order the controller numbered its handles."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    return [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def op_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+class TensorWorker(Actor):
+    """Runs one controller's ops on this proc, in the order they were issued."""
+
+    def __init__(self, controller_key: str, root_addresses: tuple[str, ...]) -> None:
+        address = runtime().address
+        self.rank = root_addresses.index(address)
+        self.root_addresses = root_addresses
+        self.table = tables[controller_key] = Table(self.rank)
+        self.controller_key = controller_key
+        self.batches = 0
+
+    @endpoint
+    def run(self, commands: list[tuple]) -> None:
+        """Run a batch: ``(fn, args, kwargs, result ids)`` ops, ``(None, ids)`` frees, and
+        ``(PIN, id, pin id)`` pins of a value a message carries to an actor."""
+        table = self.table
+        self.batches += 1
+        _running.rank = self.rank
+        try:
+            for command in commands:
+                fn = command[0]
+                if fn is None:
+                    table.delete(command[1])
+                elif fn == PIN:
+                    table.pin(command[1], command[2])
+                else:
+                    self.run_op(fn, command[1], command[2], command[3])
+        finally:  # even a batch that stopped short lets the actors waiting for it go on
+            table.batch_done()
+        if table.pinned:
+            table.sweep_pins()
+
+    def run_op(self, fn: Callable[..., Any], args: tuple, kwargs: dict, result_ids: list[int]) -> None:
+        table = self.table
+        try:
+            result = fn(*resolve(args, table), **resolve(kwargs, table))
+        except RemoteException as e:  # an input had failed: its results fail the same way
+            for i in result_ids:
+                table.fail(i, e)
+            return
+        except Exception:
+            error = RemoteException(
+                f"{op_name(fn)} failed on rank {self.rank}:\n{traceback.format_exc()}", op_name(fn), self.rank
+            )
+            for i in result_ids:
+                table.fail(i, error)
+            return
+        if not result_ids:
+            return
+        leaves = tensor_leaves(result)
+        if len(leaves) != len(result_ids):
+            error = RemoteException(
+                f"{op_name(fn)} returned {len(leaves)} tensors on rank {self.rank}, where the "
+                f"controller expected {len(result_ids)} (its propagate function disagrees with it)",
+                op_name(fn),
+                self.rank,
+            )
+            for i in result_ids:
+                table.fail(i, error)
+            return
+        for i, leaf in zip(result_ids, leaves):
+            table.store(i, leaf)
+
+    @endpoint
+    def fetch(self, ids: list[int]) -> list[tuple[bool, Any]]:
+        """The CPU value of each id, as ``(True, tensor)`` or ``(False, RemoteException)``."""
+        out: list[tuple[bool, Any]] = []
+        for i in ids:
+            try:
+                value = self.table.get(i, VALUE_WAIT_S)
+            except RemoteException as e:
+                out.append((False, e))
+                continue
+            except KeyError:
+                out.append(
+                    (False, RemoteException(f"tensor {i} is not on rank {self.rank}", "fetch", self.rank))
+                )
+                continue
+            out.append((True, value.detach().cpu() if hasattr(value, "detach") else value))
+        return out
+
+    @endpoint
+    def call_function(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Run a free remote function here (``remote(fn).call()`` and the other adverbs)."""
+        return fn(*resolve(args, self.table), **resolve(kwargs, self.table))
+
+    @endpoint
+    def stats(self) -> dict[str, int]:
+        """How many values (and failures) this proc holds (freed handles must shrink it), and how
+        many batches it ran (ops travel many to a message)."""
+        return {"values": len(self.table), "batches": self.batches}
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        tables.pop(self.controller_key, None)
