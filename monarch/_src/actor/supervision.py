@@ -105,7 +105,9 @@ _handles: weakref.WeakValueDictionary[str, MeshHandles] = weakref.WeakValueDicti
 
 
 _lock = threading.RLock()
-#: mesh key -> meshes spawned by an actor (or the root) of this process.
+#: mesh key -> meshes spawned by an actor (or the root) of this process. Iterate over a copy
+#: (``dict.copy`` allocates nothing per item): a collected handle's finalizer, run by the garbage
+#: collector in the middle of an iteration on the lock's own thread, may remove an entry.
 _owned: dict[str, _OwnedMesh] = {}
 #: mesh key -> {address: report} for failed ranks; mesh key -> reason for stopped meshes.
 _failed: dict[str, dict[str, str]] = {}
@@ -197,7 +199,7 @@ def owned_meshes(owner_key: str) -> list[tuple[str, str, list[str]]]:
     with _lock:
         return [
             (key, m.name, [a for i, a in enumerate(m.addresses) if i not in m.done])
-            for key, m in _owned.items()
+            for key, m in _owned.copy().items()
             if m.owner_key == owner_key
         ]
 
@@ -273,7 +275,7 @@ def process_exited(address: str, how: str, expected: bool = False) -> None:
         if address in dead_processes:
             return
         dead_processes[address] = report
-        hits = [(key, i) for key, m in _owned.items() for i, a in enumerate(m.addresses) if a == address]
+        hits = [(key, i) for key, m in _owned.copy().items() for i, a in enumerate(m.addresses) if a == address]
         if expected:
             for key, rank in hits:
                 m = _owned.get(key)
