@@ -275,7 +275,9 @@ def process_exited(address: str, how: str, expected: bool = False) -> None:
         if address in dead_processes:
             return
         dead_processes[address] = report
-        hits = [(key, i) for key, m in _owned.copy().items() for i, a in enumerate(m.addresses) if a == address]
+        hits = [
+            (key, i) for key, m in _owned.copy().items() for i, a in enumerate(m.addresses) if a == address
+        ]
         if expected:
             for key, rank in hits:
                 m = _owned.get(key)
