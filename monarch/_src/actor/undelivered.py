@@ -4,8 +4,9 @@ A message can fail to arrive in two ways. The receiving process may reject it (l
 ``MONARCH_MAX_FRAME_BYTES``, no memory for it, its shared-memory buffer gone): it then answers
 the message's reply port with the error, or, for a message nobody waits on (a broadcast),
 reports a failure of the receiving actor to its owner. Or the connection it travelled on may
-close while the peer lives on: calls that were waiting on that peer then fail, since whether
-their messages arrived cannot be known.
+close while the peer lives on, in either direction (each process sends on a connection of its
+own): calls that were waiting on that peer then fail, since whether their messages, or the
+peer's replies, arrived cannot be known.
 """
 
 from __future__ import annotations
@@ -43,10 +44,17 @@ def message_rejected(header: dict, error: BaseException) -> None:
     logger.error("dropped an undeliverable message of kind %r: %s", kind, error)
 
 
-def connection_lost(address: str, reason: BaseException) -> Callable[[], None]:
-    """A connection to ``address`` closed with messages on it; returns what to do if the
-    process there turns out to be alive: fail the calls that were waiting on it by then."""
+def connection_lost(address: str, reason: BaseException, replies: bool) -> Callable[[], None] | None:
+    """A connection with ``address`` closed with messages on it: this process's calls to it, or
+    (``replies``) its replies to this process. Returns what to do if the process there turns out
+    to be alive: fail the calls that were waiting on it, and still are by then (None: none were)."""
     waiting = port.waiting_on(address)
+    if not waiting:
+        return None
+    if replies:
+        what = f"the connection from {address} closed ({reason}) before its reply was known to be delivered"
+    else:
+        what = f"the connection to {address} closed ({reason}) before its message was known to be delivered"
 
     def peer_alive() -> None:
         still = set(port.waiting_on(address))
@@ -55,9 +63,8 @@ def connection_lost(address: str, reason: BaseException) -> Callable[[], None]:
                 handler.stop_expecting()
                 handler.fail(
                     ConnectionError(
-                        f"Endpoint call {handler.label}() failed: the connection to {address} "
-                        f"closed ({reason}) before its message was known to be delivered. The "
-                        "process is still alive, so the call may or may not have run.\n"
+                        f"Endpoint call {handler.label}() failed: {what}. The process is still "
+                        "alive, so the call may or may not have run.\n"
                         "HINT: retry the call if it is safe to run twice."
                     )
                 )

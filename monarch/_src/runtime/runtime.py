@@ -29,7 +29,14 @@ from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
 from monarch._src.transport.outgoing import OutgoingConnection
 from monarch._src.wire.frame import FrameTooLargeError, encode_frame
-from monarch._src.wire.protocol import KIND, SHM_GIVE_BACK_KIND, SHM_MOVED
+from monarch._src.wire.protocol import (
+    KIND,
+    PEER_HELLO_KIND,
+    SENDER,
+    SHM_GIVE_BACK_KIND,
+    SHM_MOVED,
+    peer_hello,
+)
 
 logger = logging.getLogger("monarch.runtime")
 
@@ -38,9 +45,11 @@ Handler = Callable[[dict, list], None]
 PeerLostCallback = Callable[[str, BaseException], None]
 #: Told the header of a message this process received but could not deliver, and why.
 UndeliverableCallback = Callable[[dict, BaseException], None]
-#: Told that a connection to a peer closed with frames possibly undelivered; returns what to
-#: do once the peer turns out to be alive (a dead peer is reported through PeerLostCallback).
-FramesLostCallback = Callable[[str, BaseException], Callable[[], None]]
+#: Told that a connection with a peer closed with frames possibly undelivered (``replies``:
+#: the peer's connection to this process, else this process's to the peer); returns what to do
+#: once the peer turns out to be alive, or None if nothing (a dead peer is reported through
+#: PeerLostCallback).
+FramesLostCallback = Callable[[str, BaseException, bool], "Callable[[], None] | None"]
 
 
 class Runtime:
@@ -78,6 +87,8 @@ class Runtime:
         self.address = addresses.of_listening_socket(listen_sock)
         #: Frames that arrive over TCP come from another host: they must carry every byte.
         self._on_frame = self._receive if addresses.is_unix(self.address) else self._receive_from_other_host
+        #: The first frame of each connection this process opens: the address its peer sees it at.
+        self._hello = encode_frame(peer_hello(self.address), [], self.max_frame_bytes)
         self._handlers: dict[int, Handler] = {}
         self._conns: dict[str, OutgoingConnection] = {}
         self._conns_lock = threading.Lock()
@@ -251,19 +262,34 @@ class Runtime:
             conn = self._conns.get(address)
             if conn is not None and not conn.closed:
                 return conn
-            conn = OutgoingConnection(
-                self.loop,
+            conn = self._new_outgoing(
                 address,
-                self.secret,
                 on_close=lambda c, reason: self._outgoing_closed(address, c, reason),
                 name=address,
-                loop_ident=self.loop_thread.ident,
-                unreachable_timeout_s=CONFIG.peer_unreachable_s,
-                tls=self._tls.client if self._tls else None,
+                greeting=self._hello,
             )
             self._conns[address] = conn
         self.loop_thread.call_soon(self.loop.create_task, conn.connect())
         return conn
+
+    def _new_outgoing(
+        self,
+        address: str,
+        on_close: Callable[[OutgoingConnection, BaseException], None],
+        name: str,
+        greeting: list | None = None,
+    ) -> OutgoingConnection:
+        return OutgoingConnection(
+            self.loop,
+            address,
+            self.secret,
+            on_close=on_close,
+            name=name,
+            loop_ident=self.loop_thread.ident,
+            unreachable_timeout_s=CONFIG.peer_unreachable_s,
+            tls=self._tls.client if self._tls else None,
+            greeting=greeting,
+        )
 
     def _outgoing_closed(self, address: str, conn: OutgoingConnection, reason: BaseException) -> None:
         with self._conns_lock:
@@ -276,7 +302,7 @@ class Runtime:
             # Frames that were on it may be lost; their senders are told once the peer is
             # found alive (if it is gone, it is reported as lost, which fails them too).
             logger.debug("connection to %s lost (%s); reconnecting", address, reason)
-            on_alive = [cb(address, reason) for cb in self._frames_lost]
+            on_alive = self._when_found_alive(address, reason, replies=False)
             on_alive.append(
                 lambda: logger.warning("connection to %s re-established after: %s", address, reason)
             )
@@ -288,17 +314,53 @@ class Runtime:
             except Exception:
                 logger.exception("peer-lost callback failed")
 
+    def _when_found_alive(
+        self, address: str, reason: BaseException, replies: bool
+    ) -> list[Callable[[], None]]:
+        """What the upper layers do once ``address``, whose connection closed, is found alive."""
+        return [f for cb in self._frames_lost if (f := cb(address, reason, replies)) is not None]
+
     def _new_incoming(self) -> IncomingConnection:
         conn = IncomingConnection(
             secret=self.secret,
             max_frame_bytes=self.max_frame_bytes,
-            on_frame=self._on_frame,
+            on_frame=lambda header, bodies: self._first_frame(conn, header, bodies),
             on_reject=self._reject,
-            on_close=lambda c, reason: self._incoming.discard(c),
+            on_close=self._incoming_closed,
             name=f"<-{self.address}",
         )
         self._incoming.add(conn)
         return conn
+
+    def _first_frame(self, conn: IncomingConnection, header: dict, bodies: list) -> None:
+        """A peer's first frame names the address it listens at (``_hello``); it comes after the
+        handshake, so it is trusted. Later frames go straight to the router."""
+        conn.on_frame = self._on_frame
+        sender = header.get(SENDER)
+        if header.get(KIND) == PEER_HELLO_KIND and isinstance(sender, str):
+            conn.peer = sender
+        else:
+            self._on_frame(header, bodies)
+
+    def _incoming_closed(self, conn: IncomingConnection, reason: BaseException | None) -> None:
+        """A peer's connection to this process closed. If the peer lives on (only the connection
+        dropped), frames it had sent on it may be lost: replies to this process's calls among
+        them. It reconnects, but cannot tell which were read, so calls waiting on it then fail
+        rather than wait forever; a peer that exited is reported as lost instead (``on_peer_lost``)."""
+        self._incoming.discard(conn)
+        peer = conn.peer
+        if self.closed or peer is None:
+            return
+        reason = reason or ConnectionResetError(f"connection from {peer} closed")
+        on_alive = self._when_found_alive(peer, reason, replies=True)
+        if not on_alive:
+            return
+        # Whether the peer lives is known only by reaching it anew: this process's own
+        # connection to it may not have noticed yet that the peer exited.
+        probe = self._new_outgoing(peer, on_close=lambda c, why: None, name=f"liveness check of {peer}")
+        probe.when_authenticated.extend(on_alive)
+        probe.when_authenticated.append(probe.close)
+        self.loop.create_task(probe.connect())
 
     # -- shutdown -------------------------------------------------------------------------------
 

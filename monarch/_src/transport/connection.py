@@ -73,13 +73,16 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self.name = name
         self._secret = secret
         self._max_frame = max_frame_bytes
-        self._on_frame = on_frame
+        #: Told every decoded frame; its owner may replace it (e.g. after the first frame).
+        self.on_frame = on_frame
         self._on_reject = on_reject
         self._on_close = on_close
         self.transport: asyncio.Transport | None = None
         self.authenticated = False
         self.closed = False
         self.close_reason: BaseException | None = None
+        #: The address the peer listens at, as its first frame said (set by the owner).
+        self.peer: str | None = None
         # Just the client's proof until the peer is authenticated (see _auth_step).
         self._buf = bytearray(auth.CLIENT_PROOF_BYTES)
         self._start = 0
@@ -219,7 +222,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
                             self._start = self._end = 0
                         else:
                             self._start = pos
-                        self._on_frame(header, bodies)
+                        self.on_frame(header, bodies)
                         continue
             if self._state == _BODY:
                 n = self._lengths[len(self._bodies)]
@@ -312,7 +315,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
         header, bodies = self._header, self._bodies
         self._state, self._need = _PREFIX, PREFIX_SIZE
         self._header, self._bodies = {}, []
-        self._on_frame(header, bodies)
+        self.on_frame(header, bodies)
 
     def _auth_step(self, data: bytes) -> None:
         nonce_c = auth.check_client_proof(self._secret, self._nonce_s, data)

@@ -87,7 +87,9 @@ class OutgoingConnection:
         loop_ident: int | None,
         unreachable_timeout_s: float,
         tls: ssl.SSLContext | None = None,
+        greeting: list[Any] | None = None,
     ) -> None:
+        """``greeting``: the buffers of a frame that goes first (it is not in ``frames_sent``)."""
         self._loop = loop
         self._loop_ident = loop_ident
         self._address = parse(address)
@@ -103,7 +105,7 @@ class OutgoingConnection:
         self._last_error: BaseException | None = None
         self.name = name
         self._lock = threading.Lock()
-        self._queue: collections.deque[Any] = collections.deque()  # buffers, as sent
+        self._queue: collections.deque[Any] = collections.deque(greeting or ())  # buffers, as sent
         self._sock: socket.socket | None = None  # an ssl.SSLSocket under TLS
         self._writer_registered = False
         self._flush_scheduled = False

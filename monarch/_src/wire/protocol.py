@@ -41,6 +41,9 @@ FORWARD_KIND = 11
 PORT_BATCH_KIND = 12
 #: ``monarch.rdma``: a request to the runtime of the process that registered a buffer.
 RDMA_KIND = 13
+#: The first frame on every connection between runtimes: the sender names its own address, so
+#: the receiver knows whose replies a connection that drops carried (runtime-internal).
+PEER_HELLO_KIND = 14
 #: "I no longer use these shared-memory files you lent me" (runtime-internal).
 SHM_GIVE_BACK_KIND = 64
 
@@ -58,6 +61,7 @@ KINDS = (
     FORWARD_KIND,
     PORT_BATCH_KIND,
     RDMA_KIND,
+    PEER_HELLO_KIND,
     SHM_GIVE_BACK_KIND,
 )
 
@@ -118,7 +122,8 @@ ROOT = "o"
 NONCE = "n"
 #: FORWARD: the procs to send the message on to, ``[[rank, address, sequence number], ...]``.
 TARGETS = "t"
-#: FORWARD: the address of the process that sent the multicast (see ``SEQUENCE``).
+#: FORWARD: the address of the process that sent the multicast (see ``SEQUENCE``); PEER_HELLO:
+#: the address of the process whose connection this is.
 SENDER = "s"
 #: FORWARD: present when the forwarder gathers the replies into one PORT_BATCH frame.
 GATHER = "g"
@@ -193,6 +198,7 @@ FIELDS: dict[int, tuple[str, ...]] = {
     FORWARD_KIND: (ACTOR, ENDPOINT, REPLY_PORT, EXTENT, TARGETS, SENDER, GATHER),
     PORT_BATCH_KIND: (PORT_ID, REPLIES),
     RDMA_KIND: (RDMA_OP, RDMA_BUFFER, REPLY_PORT, RDMA_OFFSET, RDMA_LENGTH, RDMA_TIMEOUT),
+    PEER_HELLO_KIND: (SENDER,),
     SHM_GIVE_BACK_KIND: (FILE_NAMES,),
 }
 
@@ -317,6 +323,10 @@ def forward(
 
 def port_batch(port_id: int, replies: list[list[int]]) -> dict[str, Any]:
     return {KIND: PORT_BATCH_KIND, PORT_ID: port_id, REPLIES: replies}
+
+
+def peer_hello(sender: str) -> dict[str, Any]:
+    return {KIND: PEER_HELLO_KIND, SENDER: sender}
 
 
 def shm_give_back(names: list[str]) -> dict[str, Any]:
