@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import monarch
-from monarch.actor import Actor, current_rank, endpoint
+import monarch.actor
+from monarch.actor import Actor, SupervisionError, current_rank, endpoint
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,6 +54,10 @@ class Holder(Actor):
     @endpoint
     def fail(self, x: torch.Tensor) -> None:
         raise ValueError(f"no use for {x.tolist()} on {current_rank()['gpus']}")
+
+    @endpoint
+    def leave(self, x: torch.Tensor) -> None:
+        raise SystemExit(f"leaving with {x.tolist()}")  # ends the actor, not just the call
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +100,19 @@ def test_an_endpoint_that_raises_gives_the_shard_back(procs, holder) -> None:
     started = time.monotonic()
     assert monarch.fetch_shard(x, gpus=1).get(timeout=30).tolist() == [5.0, 5.0]
     assert time.monotonic() - started < 10  # the ops went on when the endpoint raised
+
+
+def test_an_actor_that_fails_in_the_endpoint_holds_no_op_back(procs, monkeypatch) -> None:
+    faults: list = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    fragile = procs.spawn("fragile", Holder)
+    with procs.activate():
+        x = torch.zeros(2)
+    failed = fragile.leave.call(x)
+    with procs.activate():
+        x.add_(2)
+    with pytest.raises(SupervisionError):
+        failed.get(timeout=30)
+    started = time.monotonic()
+    assert [monarch.inspect(x, gpus=g).tolist() for g in (0, 1)] == [[2.0, 2.0]] * 2
+    assert time.monotonic() - started < 10
