@@ -13,7 +13,7 @@ import torch
 
 import monarch
 import monarch.actor
-from monarch.actor import Actor, SupervisionError, current_rank, endpoint
+from monarch.actor import Actor, SupervisionError, current_rank, endpoint, this_host
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,3 +116,24 @@ def test_an_actor_that_fails_in_the_endpoint_holds_no_op_back(procs, monkeypatch
     started = time.monotonic()
     assert [monarch.inspect(x, gpus=g).tolist() for g in (0, 1)] == [[2.0, 2.0]] * 2
     assert time.monotonic() - started < 10
+
+
+def test_ops_waiting_past_the_lend_timeout_fail_naming_the_actor(tmp_path: Path) -> None:
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, env={"MONARCH_TENSOR_LEND_TIMEOUT_S": "1"})
+    try:
+        slow = pm.spawn("slow_holder", Holder)
+        gate = tmp_path / "gate"
+        with pm.activate():
+            x = torch.zeros(2)
+        seen = slow.hold_until.call_one(x, str(gate))
+        with pm.activate():
+            x.add_(1)  # waits 1 s for hold_until, then fails instead of running beside it
+        with pytest.raises(monarch.RemoteException, match="actor slow_holder.*after 1 s(.|\n)*HINT"):
+            monarch.inspect(x)
+        with pm.activate():
+            y = torch.ones(2)
+        assert monarch.inspect(y).tolist() == [1.0, 1.0]  # ops of later batches run again
+        gate.touch()
+        assert seen.get(timeout=30) == [0.0, 0.0]
+    finally:
+        pm.stop().get(timeout=10)

@@ -26,13 +26,11 @@ from monarch._src.actor.actor import Actor
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.instance import may_still_run, when_message_done
 from monarch._src.actor.process_state import runtime, this_process
+from monarch._src.runtime.config import CONFIG
 
 #: How long a reader waits for a value that an op not yet run will produce (an ``rref`` whose
 #: endpoint is still running, a shard unpickled before the worker got to its op).
 VALUE_WAIT_S = 300.0
-#: How long later ops wait for an actor's endpoint to give back the shards lent to it; past
-#: that they fail (with a message naming the actor) rather than run beside it.
-LEND_WAIT_S = 300.0
 #: How often a worker waiting for lent shards checks that the actor they went to still lives
 #: (an actor that failed or stopped before it ran the call never gives them back).
 LENT_CHECK_S = 1.0
@@ -306,15 +304,16 @@ class TensorWorker(Actor):
 
     def wait_for_lent(self) -> RemoteException | None:
         """Wait for the endpoints lent shards to end; the error for this batch's ops if they
-        did not within ``LEND_WAIT_S``."""
-        keys = self.table.wait_for_lent(LEND_WAIT_S)
+        did not within the ``tensor_lend_timeout_s`` setting."""
+        wait_s = CONFIG.tensor_lend_timeout_s
+        keys = self.table.wait_for_lent(wait_s)
         if keys is None:
             return None
         holders = ", ".join(getattr(this_process.lookup(k), "name", k) for k in keys)
         return RemoteException(
             f"tensor ops issued after an endpoint call to actor {holders}, which was given a "
             f"distributed tensor, did not run on rank {self.rank}: the endpoint still held the "
-            f"tensor's shard after {LEND_WAIT_S:.0f} s, and they must not run beside it\n"
+            f"tensor's shard after {wait_s:g} s, and they must not run beside it\n"
             "HINT: return from the endpoint sooner; an actor that needs the value longer keeps a copy "
             "(shard.clone()).",
             "order",
