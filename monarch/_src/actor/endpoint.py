@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from monarch._src.actor import multicast
@@ -37,6 +38,11 @@ Propagator = Any
 #: Set by the tensor layer (``monarch._src.tensor.hooks``): runs ``endpoint.rref(...)`` as
 #: ``rref_handler(mesh, endpoint name, propagate, args, kwargs)``; None without a tensor layer.
 rref_handler: Callable[..., Any] | None = None
+
+#: While a call's arguments are pickled: the key of the actors it goes to and its destinations,
+#: (message rank, process address) pairs. An argument that lends the callee something of its
+#: own process for the call (a distributed tensor: its shard) lends it only where it goes.
+pickling_for: ContextVar[tuple[str, list[tuple[int, str]]] | None] = ContextVar("pickling_for", default=None)
 
 _NO_EXTENT: list[Any] = [[], []]
 #: The payload of a call without arguments, pickled once.
@@ -222,7 +228,6 @@ class ActorEndpoint(Generic[R]):
         """
         self._prop.check_args(args, kwargs)
         ref = self._ref
-        bodies = _NO_ARGS if not args and not kwargs else payload.dumps_call(args, kwargs)
         rt = runtime()
         dests = ref.destinations()
         if selection == "choose":
@@ -232,6 +237,14 @@ class ActorEndpoint(Generic[R]):
             extent: list[Any] = _NO_EXTENT
         else:
             extent = ref.wire_extent
+        if not args and not kwargs:
+            bodies = _NO_ARGS
+        else:
+            pickling = pickling_for.set((ref.key, dests))
+            try:
+                bodies = payload.dumps_call(args, kwargs)
+            finally:
+                pickling_for.reset(pickling)
         port_spec: list[Any] | None
         if reply is not None:
             port_spec = [rt.address, reply.port_id]

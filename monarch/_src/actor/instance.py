@@ -125,6 +125,10 @@ class ActorInstance:
         self.thread_ident: int | None = None
         #: The async actor's mailbox task, where ``await`` of a call to itself deadlocks.
         self.mailbox_task: asyncio.Task[Any] | None = None
+        #: True while a message's arguments are unpickled; what they register with
+        #: ``when_message_done`` meanwhile waits here until the handler takes it.
+        self._decoding = False
+        self._message_done: list[Callable[[], None]] | None = None
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -356,7 +360,11 @@ class ActorInstance:
             return None, None, None, None, False
         prop = self._endpoints.get(name)
         try:
-            args, kwargs = payload.loads(bodies)
+            self._decoding = True
+            try:
+                args, kwargs = payload.loads(bodies)
+            finally:
+                self._decoding = False
             bodies.clear()  # the arguments own their buffers now; see _handle_sync
             if prop is not None:
                 fn, explicit = prop.method, prop.explicit_response_port
@@ -375,9 +383,16 @@ class ActorInstance:
             args = (reply if reply is not None else DROPPING_PORT, *args)
         return fn, args, kwargs, reply, explicit
 
+    def _take_message_done(self) -> list[Callable[[], None]] | None:
+        """What the arguments just unpickled asked to run when their message ends."""
+        done, self._message_done = self._message_done, None
+        return done
+
     def _handle_sync(self, header: dict, bodies: list) -> None:
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)
+        done = self._take_message_done()
         if fn is None:
+            _run_callbacks(done)
             return
         try:
             result = fn(self.actor, *args, **kwargs)
@@ -394,23 +409,27 @@ class ActorInstance:
                 reply.exception(self._unavailable_error(header[ENDPOINT]))
         else:
             self._reply(reply, explicit, header[ENDPOINT], result)
+        finally:
+            _run_callbacks(done)
 
     async def _handle_async(self, header: dict, bodies: list) -> None:
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)
+        done = self._take_message_done()
         if fn is None:
+            _run_callbacks(done)
             return
         prop = self._endpoints.get(header[ENDPOINT])
         if prop is not None and prop.concurrent:
             import asyncio
 
             task = asyncio.get_running_loop().create_task(
-                self._run_async(fn, args, kwargs, reply, explicit, header[ENDPOINT])
+                self._run_async(fn, args, kwargs, reply, explicit, header[ENDPOINT], done)
             )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             await asyncio.sleep(0)  # start-order guarantee: it runs until its first await
             return
-        run = self._run_async(fn, args, kwargs, reply, explicit, header[ENDPOINT])
+        run = self._run_async(fn, args, kwargs, reply, explicit, header[ENDPOINT], done)
         del args, kwargs  # owned by the coroutine alone, which drops them before replying
         await run
 
@@ -422,6 +441,7 @@ class ActorInstance:
         reply: Port[Any] | None,
         explicit: bool,
         name: str,
+        done: list[Callable[[], None]] | None,
     ) -> None:
         import asyncio
 
@@ -444,6 +464,8 @@ class ActorInstance:
                 reply.exception(self._unavailable_error(name))
         else:
             self._reply(reply, explicit, name, result)
+        finally:
+            _run_callbacks(done)
 
     def _reply(self, reply: Port[Any] | None, explicit: bool, name: str, result: Any) -> None:
         if reply is None or explicit:
@@ -634,6 +656,35 @@ class ActorInstance:
         done = header.get("done") if header else None
         if done is not None:
             done()
+
+
+def when_message_done(callback: Callable[[], None]) -> bool:
+    """Run ``callback`` (which must not raise) when the message whose arguments this process is
+    unpickling now ends: its endpoint returned or raised, or its arguments failed to unpickle.
+    An argument that lends the actor something of its process for the call (a distributed
+    tensor's shard) gives it back so. False, with nothing registered, outside such unpickling."""
+    inst = current_instance.get()
+    if inst is None or not inst._decoding:
+        return False
+    if inst._message_done is None:
+        inst._message_done = []
+    inst._message_done.append(callback)
+    return True
+
+
+def _run_callbacks(callbacks: list[Callable[[], None]] | None) -> None:
+    if callbacks is not None:
+        for callback in callbacks:
+            callback()
+
+
+def may_still_run(key: str) -> bool:
+    """Whether the actor ``key`` of this process may still run a message sent to it: it is
+    here (or its spawn is awaited), neither stopped nor failed."""
+    inst = this_process.lookup(key)
+    if inst is None:
+        return key in this_process.early
+    return not inst.stopped and inst.failure is None
 
 
 def unrun_report(actor: str, endpoints: list[str]) -> str:

@@ -76,6 +76,12 @@ class RuntimeConfig:
     host_heartbeat_timeout_s: float = field(
         default_factory=lambda: float(_int_env("MONARCH_HOST_HEARTBEAT_TIMEOUT_S", 5))
     )
+    #: Seconds the tensor ops issued after an endpoint call that was given a distributed tensor
+    #: wait for that endpoint to end (they never run beside its use of the shard); past that
+    #: they fail, naming the actor, and later ops run again. Read in each worker process.
+    tensor_lend_timeout_s: float = field(
+        default_factory=lambda: float(_int_env("MONARCH_TENSOR_LEND_TIMEOUT_S", 300))
+    )
     #: How long shutdown waits for a worker to exit by itself before killing it.
     stop_timeout_s: float = 5.0
     #: What the listeners of this process's runtime and of the procs it spawns are: "unix"

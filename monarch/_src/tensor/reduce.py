@@ -5,19 +5,26 @@ told the groups of procs that reduce together (those equal on every dimension no
 On the procs it runs on torch.distributed: at the first reduction of an engine every proc of
 its root mesh joins one process group (gloo, through a TCP store the client runs), and each set of procs that
 reduces together gets its own subgroup, created when first used by its members only.
+
+Procs of other hosts reach the store at the client's address toward them (its runtime's own
+TCP address when it has one), and gloo talks on the interface of each proc's own TCP address
+(unless ``GLOO_SOCKET_IFNAME`` says otherwise): the host name, gloo's default, may resolve to
+an address the other hosts cannot reach, or to none of this host's.
 """
 
 from __future__ import annotations
 
-import socket
+import os
 from typing import Any
 
 import torch
 
 from monarch._src.actor.proc_mesh import ProcMesh
+from monarch._src.actor.process_state import runtime
 from monarch._src.tensor.controller import Controller, MeshContext, controller_for
 from monarch._src.tensor.tensor import Tensor, active_context, on_client, record
 from monarch._src.tensor.worker import root_rank
+from monarch._src.transport.address import TcpAddress, address_toward, interface_of, is_unix, parse
 
 #: Monarch's reduction names; ``stack`` gathers instead of combining.
 REDUCTIONS = ("stack", "sum", "avg", "product", "min", "max", "band", "bor", "bxor")
@@ -50,13 +57,25 @@ def ensure_world(controller: Controller) -> None:
     with controller.lock:
         if controller.world_store is not None:
             return
-        local = all(a.startswith("unix:") for a in controller.root_addresses)
-        host = "127.0.0.1" if local else socket.gethostname()
+        host = store_host(controller.root_addresses)
         size = len(controller.root_addresses)
         controller.world_store = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False)
-        controller.record(
-            controller.root_ctx, join_world, (f"tcp://{host}:{controller.world_store.port}", size), {}, []
-        )
+        controller.record(controller.root_ctx, join_world, (host, controller.world_store.port, size), {}, [])
+
+
+def store_host(proc_addresses: tuple[str, ...]) -> str:
+    """The address at which the procs reach the client's rendezvous store: loopback for procs of
+    this host only, else the client's own TCP address (the procs reach its runtime there), else
+    its address on the route toward them."""
+    remote = [parse(a) for a in proc_addresses if not is_unix(a)]
+    if not remote:
+        return "127.0.0.1"
+    own = parse(runtime().address)
+    if isinstance(own, TcpAddress):
+        return own.host
+    peer = remote[0]
+    assert isinstance(peer, TcpAddress)
+    return address_toward(peer.host)
 
 
 def reduce_tensor(
@@ -108,14 +127,19 @@ def reduce_tensor(
 _subgroups: dict[tuple[int, ...], Any] = {}
 
 
-def join_world(store: str, world_size: int) -> None:
+def join_world(store_host: str, store_port: int, world_size: int) -> None:
     """Join the engine's process group as this proc's root rank (an op run on every proc)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group(
-            "gloo", init_method=f"file://{store}", rank=root_rank(), world_size=world_size
-        )
+    if dist.is_initialized():
+        return
+    own = parse(runtime().address)
+    if isinstance(own, TcpAddress) and "GLOO_SOCKET_IFNAME" not in os.environ:
+        interface = interface_of(own.host)
+        if interface is not None:  # gloo (this group and its subgroups) talks where the proc listens
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+    store = dist.TCPStore(store_host, store_port, world_size, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=root_rank(), world_size=world_size)
 
 
 def _subgroup(members: tuple[int, ...]) -> Any:

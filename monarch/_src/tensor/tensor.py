@@ -23,6 +23,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
+from monarch._src.actor.endpoint import pickling_for
 from monarch._src.actor.proc_mesh import ProcMesh
 from monarch._src.tensor.controller import Controller, MeshContext, controller_for
 from monarch._src.tensor.worker import PIN, Ref, local_shard
@@ -102,11 +103,15 @@ class Tensor(torch.Tensor):
         # Sent to an actor of the same procs: it gets its proc's shard once the proc's worker
         # ran every batch sent before the call (ops issued before it, in place ones included);
         # the value is pinned for it, as this handle may be freed before the actor takes it.
+        # Sent in an endpoint call, the shard is lent to the actor until its endpoint ends: the
+        # worker of each proc the call goes to runs no later op until then (issue order).
         ctx = self.context
         controller = ctx.controller
+        sending = pickling_for.get()
+        lent_to = None if sending is None else (sending[0], frozenset(a for _, a in sending[1]))
         with controller.lock:
             pin_id = next(controller.ids)
-            controller.record_command(ctx, (PIN, self.ref_id, pin_id))
+            controller.record_command(ctx, (PIN, self.ref_id, pin_id, lent_to))
             controller.flush()
             batches = {r: controller.batches_sent[r] for r in ctx.root_ranks}
         return (local_shard, (controller.key, pin_id, batches))

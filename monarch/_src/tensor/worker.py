@@ -9,7 +9,9 @@ same way without running, so an error shows wherever an affected tensor is fetch
 independent tensors stay usable.
 
 Actors of the same proc see the worker's table through ``local_shard``: a distributed tensor
-pickled into an endpoint call arrives as that proc's shard.
+pickled into an endpoint call arrives as that proc's shard, lent to the actor until its
+endpoint ends; the worker runs no later op until then, so the actor sees exactly the ops
+issued before its call, and ops issued after it never run beside its use of the shard.
 """
 
 from __future__ import annotations
@@ -22,11 +24,16 @@ from typing import Any
 
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.endpoint import endpoint
-from monarch._src.actor.process_state import runtime
+from monarch._src.actor.instance import may_still_run, when_message_done
+from monarch._src.actor.process_state import runtime, this_process
+from monarch._src.runtime.config import CONFIG
 
 #: How long a reader waits for a value that an op not yet run will produce (an ``rref`` whose
 #: endpoint is still running, a shard unpickled before the worker got to its op).
 VALUE_WAIT_S = 300.0
+#: How often a worker waiting for lent shards checks that the actor they went to still lives
+#: (an actor that failed or stopped before it ran the call never gives them back).
+LENT_CHECK_S = 1.0
 
 
 class RemoteException(Exception):
@@ -71,6 +78,11 @@ class Table:
         self.batches_run = 0
         #: Values pinned for actors that messages carry them to, with when they were pinned.
         self.pinned: dict[int, float] = {}
+        #: Pins lent to an endpoint call, by the key of the actor it goes to, until it ends.
+        self.lent: dict[int, str] = {}
+        #: Whether the worker holds back a batch until lent pins are given back (diagnostics:
+        #: an actor can see that the ops issued after its call wait for it).
+        self.holding_back = False
 
     def store(self, ref_id: int, value: Any) -> None:
         with self.changed:
@@ -94,6 +106,34 @@ class Table:
                 self.failed[pin_id] = self.failed[ref_id]
             self.pinned[pin_id] = time.monotonic()
             self.changed.notify_all()
+
+    def give_back(self, pin_id: int) -> None:
+        """The endpoint a pin was lent to ended: later ops may run."""
+        with self.changed:
+            if self.lent.pop(pin_id, None) is not None:
+                self.changed.notify_all()
+
+    def wait_for_lent(self, wait_s: float) -> list[str] | None:
+        """Wait until every endpoint lent a pin ended (or its actor can no longer run it);
+        after ``wait_s``, stop waiting and return the keys of the actors still holding them."""
+        deadline = time.monotonic() + wait_s
+        with self.changed:
+            self.holding_back = True
+            try:
+                while True:
+                    for pin_id, key in list(self.lent.items()):
+                        if not may_still_run(key):
+                            del self.lent[pin_id]
+                    if not self.lent:
+                        return None
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        keys = sorted(set(self.lent.values()))
+                        self.lent.clear()
+                        return keys
+                    self.changed.wait(min(left, LENT_CHECK_S))
+            finally:
+                self.holding_back = False
 
     def take(self, pin_id: int) -> Any:
         """The pinned value, given up (an actor takes it once, as one message reaches one
@@ -184,6 +224,8 @@ def local_shard(controller_key: str, pin_id: int, batches: dict[int, int]) -> An
         )
     if not table.wait_batches(batches.get(table.rank, 0), VALUE_WAIT_S):
         raise RuntimeError(f"the tensor ops issued before this call did not run within {VALUE_WAIT_S:.0f} s")
+    if pin_id in table.lent and not when_message_done(lambda: table.give_back(pin_id)):
+        table.give_back(pin_id)  # not unpickled as a message's argument: nothing to wait for
     try:
         return table.take(pin_id)
     except KeyError:
@@ -220,7 +262,7 @@ class TensorWorker(Actor):
     """Runs one controller's ops on this proc, in the order they were issued."""
 
     def __init__(self, controller_key: str, root_addresses: tuple[str, ...]) -> None:
-        address = runtime().address
+        address = self.address = runtime().address
         self.rank = root_addresses.index(address)
         self.root_addresses = root_addresses
         self.table = tables[controller_key] = Table(self.rank)
@@ -230,23 +272,53 @@ class TensorWorker(Actor):
     @endpoint
     def run(self, commands: list[tuple]) -> None:
         """Run a batch: ``(fn, args, kwargs, result ids)`` ops, ``(None, ids)`` frees, and
-        ``(PIN, id, pin id)`` pins of a value a message carries to an actor."""
+        ``(PIN, id, pin id, lent to)`` pins of a value a message carries to an actor; ``lent to``
+        is the (actor key, process addresses) of an endpoint call, None for other messages."""
         table = self.table
         self.batches += 1
         _running.rank = self.rank
+        late = self.wait_for_lent() if table.lent else None
         try:
             for command in commands:
                 fn = command[0]
                 if fn is None:
                     table.delete(command[1])
                 elif fn == PIN:
-                    table.pin(command[1], command[2])
+                    self.pin(command[1], command[2], command[3])
+                elif late is not None:
+                    for i in command[3]:
+                        table.fail(i, late)
                 else:
                     self.run_op(fn, command[1], command[2], command[3])
         finally:  # even a batch that stopped short lets the actors waiting for it go on
             table.batch_done()
         if table.pinned:
             table.sweep_pins()
+
+    def pin(self, ref_id: int, pin_id: int, lent_to: tuple[str, frozenset[str]] | None) -> None:
+        if lent_to is None:
+            self.table.pin(ref_id, pin_id)
+        elif self.address in lent_to[1]:  # the call comes to this proc: lend until it ends
+            self.table.pin(ref_id, pin_id)
+            self.table.lent[pin_id] = lent_to[0]
+
+    def wait_for_lent(self) -> RemoteException | None:
+        """Wait for the endpoints lent shards to end; the error for this batch's ops if they
+        did not within the ``tensor_lend_timeout_s`` setting."""
+        wait_s = CONFIG.tensor_lend_timeout_s
+        keys = self.table.wait_for_lent(wait_s)
+        if keys is None:
+            return None
+        holders = ", ".join(getattr(this_process.lookup(k), "name", k) for k in keys)
+        return RemoteException(
+            f"tensor ops issued after an endpoint call to actor {holders}, which was given a "
+            f"distributed tensor, did not run on rank {self.rank}: the endpoint still held the "
+            f"tensor's shard after {wait_s:g} s, and they must not run beside it\n"
+            "HINT: return from the endpoint sooner; an actor that needs the value longer keeps a copy "
+            "(shard.clone()).",
+            "order",
+            self.rank,
+        )
 
     def run_op(self, fn: Callable[..., Any], args: tuple, kwargs: dict, result_ids: list[int]) -> None:
         table = self.table

@@ -106,6 +106,44 @@ def address_toward(peer: str) -> str:
         return str(probe.getsockname()[0])
 
 
+#: ioctl that reads an interface's IPv4 address (linux/sockios.h).
+_SIOCGIFADDR = 0x8915
+
+
+def interface_of(host: str) -> str | None:
+    """The name of this machine's network interface that holds address ``host`` (what a library
+    that binds by interface, such as gloo's ``GLOO_SOCKET_IFNAME``, needs); None if ``host`` is
+    a name, or no interface holds it (an IPv4 address is matched against each interface's
+    primary address)."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if ip.version == 6:
+        try:
+            with open("/proc/net/if_inet6") as f:  # address in hex, index, prefix, scope, flags, name
+                rows = [line.split() for line in f]
+        except OSError:
+            return None
+        return next(
+            (row[5] for row in rows if len(row) == 6 and row[0] == ip.exploded.replace(":", "")), None
+        )
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                answer = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # the interface has no IPv4 address
+                continue
+            if socket.inet_ntoa(answer[20:24]) == host:
+                return name
+    return None
+
+
 def listen_unix(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
