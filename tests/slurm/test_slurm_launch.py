@@ -102,20 +102,16 @@ def test_several_launchers_per_node_are_refused(slurm2: slurm_cluster.SlurmClust
     assert "HINT: srun --ntasks-per-node=1 python -m monarch.launch" in done.stderr
 
 
+def launch_true_on_each_node(
+    cluster: slurm_cluster.SlurmCluster, *flags: str
+) -> subprocess.CompletedProcess[str]:
+    """One launcher per node under srun, with ``flags``, each running ``true`` on one rank."""
+    command = ["srun", "--nodes=2", "--ntasks-per-node=1", *LAUNCH, "1", *flags, "--no-python", "true"]
+    return run_client(cluster, command)
+
+
 def test_a_port_given_is_the_one_used(slurm2: slurm_cluster.SlurmCluster) -> None:
-    done = run_client(
-        slurm2,
-        [
-            "srun",
-            "--nodes=2",
-            "--ntasks-per-node=1",
-            *LAUNCH,
-            "1",
-            "--master-port=23456",
-            "--no-python",
-            "true",
-        ],
-    )
+    done = launch_true_on_each_node(slurm2, "--master-port=23456")
 
     assert done.returncode == 0, done.stderr
     n1 = slurm2.node_host("n1").address
@@ -124,20 +120,7 @@ def test_a_port_given_is_the_one_used(slurm2: slurm_cluster.SlurmCluster) -> Non
 
 def test_a_shape_given_is_left_alone(slurm2: slurm_cluster.SlurmCluster) -> None:
     # each node a job of its own (the node names resolve nowhere here: hence --local-addr)
-    done = run_client(
-        slurm2,
-        [
-            "srun",
-            "--nodes=2",
-            "--ntasks-per-node=1",
-            *LAUNCH,
-            "1",
-            "--nnodes=1",
-            "--local-addr=127.0.0.1",
-            "--no-python",
-            "true",
-        ],
-    )
+    done = launch_true_on_each_node(slurm2, "--nnodes=1", "--local-addr=127.0.0.1")
 
     assert done.returncode == 0, done.stderr
     assert "SLURM step" not in done.stderr
