@@ -29,6 +29,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,10 @@ def read_result(client: subprocess.Popen[str]) -> Any:
     line = client.stdout.readline()
     assert line.startswith("RESULT "), client.communicate(timeout=30)[1]
     return json.loads(line[len("RESULT ") :])
+
+
+#: What ``SlurmCluster.break_job`` can do to a job.
+JOB_FAULTS = ("agent-killed", "scancel")
 
 
 class SlurmClusterError(RuntimeError):
@@ -305,6 +310,20 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         host = self.controller if name == CONTROLLER_NAME else self.node_host(name)
         done = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True, timeout=30)
         return [int(p) for p in done.stdout.split()]
+
+    def break_job(self, fault: str, job_id: str, agent_module: str) -> None:
+        """Apply one of ``JOB_FAULTS`` to a running job: kill -9 the host agent (``python -m
+        agent_module``) on the last node, or ``scancel`` the job."""
+        if fault == "scancel":
+            assert self.run(["scancel", job_id]).returncode == 0
+            return
+        assert fault == "agent-killed", fault
+        (agent,) = [
+            pid
+            for pid in self.pids(self.node_names[-1])
+            if psutil.Process(pid).cmdline()[1:3] == ["-m", agent_module]
+        ]
+        os.kill(agent, signal.SIGKILL)
 
     def node_pids(self) -> dict[str, list[int]]:
         """Each node's processes now, by node name."""

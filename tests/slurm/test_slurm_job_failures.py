@@ -4,12 +4,9 @@ within seconds (its fault hook ends it), and nothing of the job is left on eithe
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import slurm_cluster
 from helpers import IMPORT_TEST_MODULES, running, wait_until
@@ -35,20 +32,7 @@ print("NO FAILURE SEEN", flush=True)
 )
 
 
-def kill_agent_on_n2(cluster: slurm_cluster.SlurmCluster, job_id: str) -> None:
-    (agent,) = [
-        pid
-        for pid in cluster.pids("n2")
-        if psutil.Process(pid).cmdline()[1:3] == ["-m", "monarch._src.host.slurm_job"]
-    ]
-    os.kill(agent, signal.SIGKILL)
-
-
-def cancel_job(cluster: slurm_cluster.SlurmCluster, job_id: str) -> None:
-    assert cluster.run(["scancel", job_id]).returncode == 0
-
-
-@pytest.mark.parametrize("fault", [kill_agent_on_n2, cancel_job], ids=["agent-killed", "scancel"])
+@pytest.mark.parametrize("fault", slurm_cluster.JOB_FAULTS)
 def test_a_broken_job_fails_the_mesh_within_seconds_and_leaves_nothing(
     slurm2: slurm_cluster.SlurmCluster, tmp_path: Path, fault
 ) -> None:
@@ -58,7 +42,7 @@ def test_a_broken_job_fails_the_mesh_within_seconds_and_leaves_nothing(
         result = slurm_cluster.read_result(client)
 
         broken = time.monotonic()
-        fault(slurm2, result["job_id"])
+        slurm2.break_job(fault, result["job_id"], "monarch._src.host.slurm_job")
         out, err = client.communicate(timeout=30)
         detected = time.monotonic() - broken
 

@@ -8,12 +8,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import slurm_cluster
 from helpers import REPO, running, wait_until
@@ -31,20 +29,7 @@ time.sleep(60)
 """
 
 
-def kill_agent_on_n2(cluster: slurm_cluster.SlurmCluster, job_id: str) -> None:
-    (agent,) = [
-        pid
-        for pid in cluster.pids("n2")
-        if psutil.Process(pid).cmdline()[1:3] == ["-m", "monarch._src.host.slurm_hosts"]
-    ]
-    os.kill(agent, signal.SIGKILL)
-
-
-def cancel_job(cluster: slurm_cluster.SlurmCluster, job_id: str) -> None:
-    assert cluster.run(["scancel", job_id]).returncode == 0
-
-
-@pytest.mark.parametrize("fault", [kill_agent_on_n2, cancel_job], ids=["agent-killed", "scancel"])
+@pytest.mark.parametrize("fault", slurm_cluster.JOB_FAULTS)
 def test_a_broken_job_stops_the_launcher_within_seconds_and_leaves_nothing(
     slurm2: slurm_cluster.SlurmCluster, tmp_path: Path, fault
 ) -> None:
@@ -59,12 +44,12 @@ def test_a_broken_job_stops_the_launcher_within_seconds_and_leaves_nothing(
     pids = [int((ranks / r).read_text()) for r in os.listdir(ranks)]
 
     broken = time.monotonic()
-    fault(slurm2, job_id)
+    slurm2.break_job(fault, job_id, "monarch._src.host.slurm_hosts")
     wait_until(lambda: slurm.job(job_id).ended, 30, "the job to end")
     ended = time.monotonic() - broken
 
     assert ended < 10, ended
-    if fault is kill_agent_on_n2:
+    if fault == "agent-killed":
         log = output.read_text()
         assert slurm.job(job_id).state == "FAILED", log
         assert "monarch.launch.ChildFailedError" in log, log
