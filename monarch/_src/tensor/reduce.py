@@ -3,8 +3,9 @@
 On the client a reduction is one more op: its result shape is known here, and each proc is
 told the groups of procs that reduce together (those equal on every dimension not reduced).
 On the procs it runs on torch.distributed: at the first reduction of an engine every proc of
-its root mesh joins one process group (gloo, through a TCP store the client runs), and each set of procs that
-reduces together gets its own subgroup, created when first used by its members only.
+its root mesh joins one process group (gloo, and NCCL for CUDA tensors where torch has it,
+through a TCP store the client runs), and each set of procs that reduces together gets its own
+subgroup, created when first used by its members only.
 
 Procs of other hosts reach the store at the client's address toward them (its runtime's own
 TCP address when it has one), and gloo talks on the interface of each proc's own TCP address
@@ -139,7 +140,9 @@ def join_world(store_host: str, store_port: int, world_size: int) -> None:
         if interface is not None:  # gloo (this group and its subgroups) talks where the proc listens
             os.environ["GLOO_SOCKET_IFNAME"] = interface
     store = dist.TCPStore(store_host, store_port, world_size, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=root_rank(), world_size=world_size)
+    # CUDA tensors reduce over NCCL where torch has it; CPU tensors always over gloo.
+    backend = "cpu:gloo,cuda:nccl" if dist.is_nccl_available() and torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, store=store, rank=root_rank(), world_size=world_size)
 
 
 def _subgroup(members: tuple[int, ...]) -> Any:
