@@ -41,6 +41,7 @@ from monarch._src.host import log_capture
 from monarch._src.host.heartbeat import HEARTBEAT_KEY, HeartbeatActor, Pulse
 from monarch._src.host.session import host_actor
 from monarch._src.mesh.shape import Shape
+from monarch._src.runtime import output_writer
 from monarch._src.runtime.config import CONFIG, OVERRIDES_ENV, overrides_for_another_host
 from monarch._src.transport import auth
 from monarch._src.wire import protocol
@@ -54,6 +55,8 @@ ATTACH_HINT = (
     "this client has its secret (MONARCH_HOST_SECRET or MONARCH_HOST_SECRET_FILE); "
     "host_attach_timeout_s (MONARCH_HOST_ATTACH_TIMEOUT_S) sets how long attaching may take."
 )
+#: At most this long an exit report waits for the proc's last output to be written here.
+EXIT_AFTER_OUTPUT_S = 1.0
 #: Seconds past the stop timeout that a stopping group waits for its hosts' exit reports.
 STOP_REPORT_GRACE_S = 5.0
 
@@ -248,7 +251,13 @@ class _ExitReports(PortHandler):
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
         if not is_exception:
             local_rank, how, code = value
-            self._group.exited(self._first + local_rank, how, code)
+            # What the proc printed before it died came first on the session's connection and
+            # is queued to this process's output writers: report the exit once it is written.
+            output_writer.after_written(
+                lambda: self._group.exited(self._first + local_rank, how, code),
+                runtime().loop,
+                EXIT_AFTER_OUTPUT_S,
+            )
 
 
 _lock = threading.Lock()

@@ -13,6 +13,10 @@ import collections
 import sys
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
 
 #: Characters a writer may hold before ``write`` starts refusing.
 DEFAULT_MAX_PENDING = 8 << 20
@@ -133,3 +137,34 @@ def flush_all(timeout: float) -> bool:
     for w in list(_writers.values()):
         ok = w.flush(max(0.0, deadline - time.monotonic())) and ok
     return ok
+
+
+def after_written(fn: Callable[[], None], loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+    """(on ``loop``'s thread) Call ``fn`` there once both writers wrote what they hold now, or
+    after ``timeout`` seconds if one is stuck: a pipe nobody reads must not hold up ``fn``.
+
+    So that news about another process (its exit) follows the lines it printed before it."""
+    writers = list(_writers.values())
+    fired = [False]
+    left = [len(writers)]
+
+    def fire() -> None:
+        if not fired[0]:
+            fired[0] = True
+            fn()
+
+    def one_written() -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            fire()
+
+    if not writers:
+        fire()
+        return
+
+    def written() -> None:  # on a writer's thread
+        loop.call_soon_threadsafe(one_written)
+
+    loop.call_later(timeout, fire)
+    for w in writers:
+        w.call_after(written)
