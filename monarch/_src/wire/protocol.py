@@ -42,7 +42,9 @@ PORT_BATCH_KIND = 12
 #: ``monarch.rdma``: a request to the runtime of the process that registered a buffer.
 RDMA_KIND = 13
 #: The first frame on every connection between runtimes: the sender names its own address, so
-#: the receiver knows whose replies a connection that drops carried (runtime-internal).
+#: the receiver knows whose replies a connection that drops carried, and after a drop says what
+#: it had written on the connection before, so the receiver knows which replies were lost
+#: (runtime-internal).
 PEER_HELLO_KIND = 14
 #: "I no longer use these shared-memory files you lent me" (runtime-internal).
 SHM_GIVE_BACK_KIND = 64
@@ -129,6 +131,14 @@ SENDER = "s"
 GATHER = "g"
 #: PORT_BATCH: ``[[rank, number of bodies], ...]``, the bodies following in that order.
 REPLIES = "v"
+#: PEER_HELLO: how many frames the sender wrote on its previous connection to the receiver
+#: (absent: there was none, or it never got through the handshake).
+PREVIOUS_FRAMES = "n"
+#: PEER_HELLO: ``[[frame index, port id], ...]``, the PORT and PORT_BATCH frames among those,
+#: every one from index ``PREVIOUS_KNOWN_FROM`` on (the sender keeps a bounded record).
+PREVIOUS_REPLIES = "v"
+#: PEER_HELLO: the first frame index from which ``PREVIOUS_REPLIES`` is complete.
+PREVIOUS_KNOWN_FROM = "f"
 #: SHM_GIVE_BACK: names of the files given back.
 FILE_NAMES = "n"
 #: RDMA: what is asked (one of the ``RDMA_*`` operations below).
@@ -198,7 +208,7 @@ FIELDS: dict[int, tuple[str, ...]] = {
     FORWARD_KIND: (ACTOR, ENDPOINT, REPLY_PORT, EXTENT, TARGETS, SENDER, GATHER),
     PORT_BATCH_KIND: (PORT_ID, REPLIES),
     RDMA_KIND: (RDMA_OP, RDMA_BUFFER, REPLY_PORT, RDMA_OFFSET, RDMA_LENGTH, RDMA_TIMEOUT),
-    PEER_HELLO_KIND: (SENDER,),
+    PEER_HELLO_KIND: (SENDER, PREVIOUS_FRAMES, PREVIOUS_REPLIES, PREVIOUS_KNOWN_FROM),
     SHM_GIVE_BACK_KIND: (FILE_NAMES,),
 }
 
@@ -325,8 +335,18 @@ def port_batch(port_id: int, replies: list[list[int]]) -> dict[str, Any]:
     return {KIND: PORT_BATCH_KIND, PORT_ID: port_id, REPLIES: replies}
 
 
-def peer_hello(sender: str) -> dict[str, Any]:
-    return {KIND: PEER_HELLO_KIND, SENDER: sender}
+def peer_hello(sender: str, previous: tuple[int, int, list[list[int]]] | None = None) -> dict[str, Any]:
+    """``previous``: ``(frames, known from, replies)`` of the sender's previous connection."""
+    if previous is None:
+        return {KIND: PEER_HELLO_KIND, SENDER: sender}
+    frames, known_from, replies = previous
+    return {
+        KIND: PEER_HELLO_KIND,
+        SENDER: sender,
+        PREVIOUS_FRAMES: frames,
+        PREVIOUS_KNOWN_FROM: known_from,
+        PREVIOUS_REPLIES: replies,
+    }
 
 
 def shm_give_back(names: list[str]) -> dict[str, Any]:
