@@ -196,6 +196,8 @@ def handle_stop_proc(header: dict, bodies: list) -> None:
     if not insts:
         this_process.request_exit()
         return
+    for inst in insts:  # first, should this process be killed before its actors have stopped
+        supervision.process_stopping(inst)
     remaining = [len(insts)]
     lock = threading.Lock()
 

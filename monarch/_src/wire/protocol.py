@@ -104,7 +104,8 @@ TIMEOUT = "t"
 REPORT = "t"
 #: SUPERVISION: the failed or stopped actor's mesh key.
 MESH = "m"
-#: SUPERVISION: present when the actor stopped (rather than failed).
+#: SUPERVISION: present when the actor stopped (rather than failed); ``PROCESS_STOPPING`` when
+#: its process was asked to exit and is stopping (see ``process_stopping``).
 STOPPED = "s"
 #: LOG: the client's id of the mesh the lines come from.
 LOG_MESH = "m"
@@ -163,6 +164,9 @@ SHM_LENDER = "shmo"
 #: MSG or STOP_ACTOR to a proc that tree multicast reaches too: ``[sender address, n]``, the
 #: n-th such frame from that sender to that proc (the receiver restores the sender's order).
 SEQUENCE = "q"
+
+#: SUPERVISION: the ``STOPPED`` value of ``process_stopping``.
+PROCESS_STOPPING = 2
 
 #: PORT flag: the payload is an exception for the receiver to raise.
 FLAG_EXCEPTION = 1
@@ -275,6 +279,19 @@ def supervision(
     if stopped:
         header[STOPPED] = 1
     return header
+
+
+def process_stopping(owner_actor: str, mesh: str, name: str, rank: int) -> dict[str, Any]:
+    """SUPERVISION: the actor's process was asked to exit: its death is expected, not a failure."""
+    return {
+        KIND: SUPERVISION_KIND,
+        ACTOR: owner_actor,
+        MESH: mesh,
+        NAME: name,
+        RANK: rank,
+        REPORT: "stopping",
+        STOPPED: PROCESS_STOPPING,
+    }
 
 
 def log_lines(mesh: Any, stream: int, label: str, prefix: str, last: bool) -> dict[str, Any]:
