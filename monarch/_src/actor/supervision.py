@@ -241,7 +241,7 @@ def process_stopping(inst: ActorInstance) -> None:
         return
     header = protocol.process_stopping(owner[1], inst.key, inst.name, inst.rank.rank)
     try:
-        runtime().send(owner[0], header, [])
+        runtime().send(owner[0], header, [], keep=True)
     except Exception:
         logger.exception("could not tell the owner at %s that an actor's process stops", owner[0])
 
@@ -256,7 +256,8 @@ def _notify(owner: Any, mesh_key: str, name: str, rank: int, report: str, stoppe
             sys.stderr.write(f"monarch: {report}\n")
         return
     try:
-        runtime().send(owner[0], protocol.supervision(owner[1], mesh_key, name, rank, report, stopped), [])
+        header = protocol.supervision(owner[1], mesh_key, name, rank, report, stopped)
+        runtime().send(owner[0], header, [], keep=True)  # nobody waits for it: never lose it
     except Exception:
         logger.exception("could not report a failure to the owner at %s", owner[0])
         sys.stderr.write(f"monarch: {report}\n")

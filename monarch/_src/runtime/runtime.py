@@ -37,6 +37,7 @@ from monarch._src.wire.protocol import (
     PREVIOUS_FRAMES,
     PREVIOUS_KNOWN_FROM,
     PREVIOUS_REPLIES,
+    PREVIOUS_REPORTS,
     SENDER,
     SHM_GIVE_BACK_KIND,
     SHM_MOVED,
@@ -58,6 +59,10 @@ FramesLostCallback = Callable[[str, BaseException, bool], "Callable[[], None] | 
 #: Told that replies (PORT and PORT_BATCH frames) a live peer sent to these port ids of this
 #: process were lost with its connection, which closed for the reason given.
 RepliesLostCallback = Callable[[str, BaseException, list[int]], None]
+#: What a peer's hello says of its previous connection: frames written, the index from which
+#: the next two are complete, ``[[index, port id], ...]`` of its replies, ``[[index, header],
+#: ...]`` of its failure reports.
+Previous = tuple[int, int, list, list]
 
 
 @dataclass
@@ -116,7 +121,7 @@ class Runtime:
         #: Each peer's open connection to this process (the latest one that said hello).
         self._from_peer: dict[str, IncomingConnection] = {}
         #: What a peer said in its hello about its previous connection, while that one is open.
-        self._said_before: dict[IncomingConnection, tuple[int, int, list]] = {}
+        self._said_before: dict[IncomingConnection, Previous] = {}
         #: Peers' connections that closed, until the peer's next hello settles what was lost.
         self._drops: dict[str, _Drop] = {}
         self.closed = False
@@ -219,8 +224,12 @@ class Runtime:
         except Exception:
             logger.exception("handler for frame kind %r failed", header.get(KIND))
 
-    def send(self, address: str, header: dict, bodies: list) -> None:
-        """Deliver one message; callable from any thread. Raises FrameTooLargeError at once."""
+    def send(self, address: str, header: dict, bodies: list, keep: bool = False) -> None:
+        """Deliver one message; callable from any thread. Raises FrameTooLargeError at once.
+
+        ``keep``: a frame without bodies (a failure report, which nobody waits for) that must
+        not be lost with a connection that drops under a live peer: the next connection's
+        hello carries it again (see ``_settle``)."""
         if self._shm.given_back:
             self._shm.flush_given_back()
         if address == self.address:
@@ -237,10 +246,10 @@ class Runtime:
             # Only a Unix socket's peer surely shares this host's /dev/shm (see ``address``).
             bodies = self._shm.export(address, header, bodies)
         buffers = encode_frame(header, bodies, self.max_frame_bytes)
-        # A reply is tagged with its port id: should the connection drop, the peer learns
-        # whether it was written on it (see ``_settle``).
-        tag = header.get(PORT_ID)
-        if tag.__class__ is not int:
+        # A reply is tagged with its port id, a frame to keep with its header: should the
+        # connection drop, the peer learns whether it was written on it (see ``_settle``).
+        tag = header if keep else header.get(PORT_ID)
+        if tag.__class__ is not int and not keep:
             tag = None
         conn = self._conns.get(address)
         if conn is None or conn.closed:
@@ -304,8 +313,10 @@ class Runtime:
             # replies, so that it can tell which of them it lost.
             previous = None
             if conn is not None:
-                known_from, replies = conn.sent_tags()
-                previous = (conn.frames_sent, known_from, replies)
+                known_from, tagged = conn.sent_tags()
+                replies = [entry for entry in tagged if entry[1].__class__ is int]
+                reports = [entry for entry in tagged if entry[1].__class__ is dict]
+                previous = (conn.frames_sent, known_from, replies, reports)
             hello = encode_frame(peer_hello(self.address, previous), [], self.max_frame_bytes)
             conn = self._new_outgoing(
                 address,
@@ -398,7 +409,12 @@ class Runtime:
         frames = header.get(PREVIOUS_FRAMES)
         if frames is None:
             return
-        said = (frames, header.get(PREVIOUS_KNOWN_FROM, 0), header.get(PREVIOUS_REPLIES) or [])
+        said = (
+            frames,
+            header.get(PREVIOUS_KNOWN_FROM, 0),
+            header.get(PREVIOUS_REPLIES) or [],
+            header.get(PREVIOUS_REPORTS) or [],
+        )
         if before is not None and not before.closed:
             self._said_before[before] = said  # its close, still to come here, settles it
             return
@@ -433,12 +449,16 @@ class Runtime:
         self._drops[peer] = drop
         drop.timer = self.loop.call_later(CONFIG.peer_unreachable_s, self._no_hello, peer, drop)
 
-    def _settle(self, peer: str, drop: _Drop, said: tuple[int, int, list]) -> None:
+    def _settle(self, peer: str, drop: _Drop, said: Previous) -> None:
         """``peer`` said it wrote ``frames`` frames on the connection that dropped, which were
-        replies from index ``known_from`` on: tell the upper layers which replies were lost."""
-        frames, known_from, replies = said
+        replies and failure reports from index ``known_from`` on: deliver the reports this
+        process did not read, and tell the upper layers which replies were lost."""
+        frames, known_from, replies, reports = said
         if frames <= drop.read:
             return  # every frame was read: nothing lost
+        for index, header in reports:
+            if index >= drop.read and isinstance(header, dict):
+                self.dispatch(header, [])
         if drop.read >= known_from:
             lost = [port_id for index, port_id in replies if index >= drop.read]
             for cb in self._replies_lost:
@@ -448,6 +468,13 @@ class Runtime:
                     logger.exception("replies-lost callback failed")
             return
         # More frames were lost than the peer kept a record of: any reply may be among them.
+        logger.error(
+            "%d frames from %s were lost with its connection (%s), more than it kept a record "
+            "of: failure reports among the oldest of them may be lost",
+            frames - drop.read,
+            peer,
+            drop.reason,
+        )
         for fn in self._when_found_alive(peer, drop.reason, replies=True):
             fn()
 

@@ -120,7 +120,7 @@ class OutgoingConnection:
         #: Frames handed to ``send`` (what a test or benchmark counts per peer).
         self.frames_sent = 0
         #: ``(frame index, tag)`` of the latest frames sent with a tag (see ``sent_tags``).
-        self._tags: collections.deque[tuple[int, int]] = collections.deque(maxlen=TAG_RECORD)
+        self._tags: collections.deque[tuple[int, Any]] = collections.deque(maxlen=TAG_RECORD)
         self.close_reason: BaseException | None = None
         self._handshake = bytearray()
         self._nonce_c = b""
@@ -131,10 +131,10 @@ class OutgoingConnection:
 
     # -- sending (any thread) ---------------------------------------------------------------
 
-    def send(self, buffers: list[Any], tag: int | None = None) -> None:
-        """Send one frame; ``tag`` (an id of the owner's, e.g. the port a reply goes to) is
-        remembered, so that after the connection closed the owner can tell the peer which of
-        its frames went out on it (``sent_tags``)."""
+    def send(self, buffers: list[Any], tag: Any = None) -> None:
+        """Send one frame; ``tag`` (the owner's, e.g. the port a reply goes to) is remembered,
+        so that after the connection closed the owner can tell the peer which of its frames
+        went out on it (``sent_tags``)."""
         with self._lock:
             if self.closed:
                 raise ConnectionResetError(f"connection {self.name} is closed: {self.close_reason}")
@@ -205,7 +205,7 @@ class OutgoingConnection:
                 q[0] = memoryview(q[0]).cast("B")[sent:]
         return True
 
-    def sent_tags(self) -> tuple[int, list[list[int]]]:
+    def sent_tags(self) -> tuple[int, list[list[Any]]]:
         """``(known from, [[frame index, tag], ...])``: the tagged frames sent, complete from
         frame index ``known from`` on (the record is bounded, ``TAG_RECORD``)."""
         with self._lock:

@@ -138,7 +138,11 @@ PREVIOUS_FRAMES = "n"
 #: PEER_HELLO: ``[[frame index, port id], ...]``, the PORT and PORT_BATCH frames among those,
 #: every one from index ``PREVIOUS_KNOWN_FROM`` on (the sender keeps a bounded record).
 PREVIOUS_REPLIES = "v"
-#: PEER_HELLO: the first frame index from which ``PREVIOUS_REPLIES`` is complete.
+#: PEER_HELLO: ``[[frame index, header], ...]``, the SUPERVISION frames (no bodies) among those,
+#: likewise: the receiver delivers those it had not read.
+PREVIOUS_REPORTS = "r"
+#: PEER_HELLO: the first frame index from which ``PREVIOUS_REPLIES`` and ``PREVIOUS_REPORTS``
+#: are complete.
 PREVIOUS_KNOWN_FROM = "f"
 #: SHM_GIVE_BACK: names of the files given back.
 FILE_NAMES = "n"
@@ -212,7 +216,7 @@ FIELDS: dict[int, tuple[str, ...]] = {
     FORWARD_KIND: (ACTOR, ENDPOINT, REPLY_PORT, EXTENT, TARGETS, SENDER, GATHER),
     PORT_BATCH_KIND: (PORT_ID, REPLIES),
     RDMA_KIND: (RDMA_OP, RDMA_BUFFER, REPLY_PORT, RDMA_OFFSET, RDMA_LENGTH, RDMA_TIMEOUT),
-    PEER_HELLO_KIND: (SENDER, PREVIOUS_FRAMES, PREVIOUS_REPLIES, PREVIOUS_KNOWN_FROM),
+    PEER_HELLO_KIND: (SENDER, PREVIOUS_FRAMES, PREVIOUS_REPLIES, PREVIOUS_REPORTS, PREVIOUS_KNOWN_FROM),
     SHM_GIVE_BACK_KIND: (FILE_NAMES,),
 }
 
@@ -352,17 +356,19 @@ def port_batch(port_id: int, replies: list[list[int]]) -> dict[str, Any]:
     return {KIND: PORT_BATCH_KIND, PORT_ID: port_id, REPLIES: replies}
 
 
-def peer_hello(sender: str, previous: tuple[int, int, list[list[int]]] | None = None) -> dict[str, Any]:
-    """``previous``: ``(frames, known from, replies)`` of the sender's previous connection."""
+def peer_hello(sender: str, previous: tuple[int, int, list, list] | None = None) -> dict[str, Any]:
+    """``previous``: ``(frames, known from, replies, reports)`` of the sender's previous
+    connection."""
     if previous is None:
         return {KIND: PEER_HELLO_KIND, SENDER: sender}
-    frames, known_from, replies = previous
+    frames, known_from, replies, reports = previous
     return {
         KIND: PEER_HELLO_KIND,
         SENDER: sender,
         PREVIOUS_FRAMES: frames,
         PREVIOUS_KNOWN_FROM: known_from,
         PREVIOUS_REPLIES: replies,
+        PREVIOUS_REPORTS: reports,
     }
 
 
