@@ -72,6 +72,7 @@ def install(rt: Runtime) -> None:
     rt.on_peer_lost(supervision.peer_lost)
     rt.on_undeliverable(undelivered.message_rejected)
     rt.on_frames_lost(undelivered.connection_lost)
+    rt.on_replies_lost(undelivered.replies_lost)
     set_loop_thread_probe(lambda: rt.loop_thread.ident)
     if not this_process.is_worker:
         supervision.install_sigint_wrapper()
@@ -195,6 +196,8 @@ def handle_stop_proc(header: dict, bodies: list) -> None:
     if not insts:
         this_process.request_exit()
         return
+    for inst in insts:  # first, should this process be killed before its actors have stopped
+        supervision.process_stopping(inst)
     remaining = [len(insts)]
     lock = threading.Lock()
 

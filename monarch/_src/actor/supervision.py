@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.process_state import runtime, this_process
 from monarch._src.wire import protocol
-from monarch._src.wire.protocol import ACTOR, MESH, NAME, RANK, REPORT, STOPPED
+from monarch._src.wire.protocol import ACTOR, MESH, NAME, PROCESS_STOPPING, RANK, REPORT, STOPPED
 
 if TYPE_CHECKING:
     from monarch._src.actor.instance import ActorInstance
@@ -116,6 +116,9 @@ _stopped: dict[str, str] = {}
 dead_processes: dict[str, str] = {}
 #: addresses of processes spawned here: their spawner reports their exit, with the reason.
 locally_spawned: set[str] = set()
+#: Addresses of processes asked to exit (``ProcMesh.stop``), as their actors told this process,
+#: which owns meshes there: their deaths are expected, even by a kill, until reported.
+stopping_processes: set[str] = set()
 #: Processes spawned here whose records were dropped (``forget_processes``), most recent last:
 #: their connections may still report the loss after that, which must not record them anew.
 #: Bounded, since each is only late news for a short while; a set in insertion order.
@@ -162,6 +165,7 @@ def forget_processes(addresses: tuple[str, ...]) -> None:
         for address in addresses:
             dead_processes.pop(address, None)
             locally_spawned.discard(address)
+            stopping_processes.discard(address)
             _forgotten[address] = None
         while len(_forgotten) > _FORGOTTEN_KEPT:
             del _forgotten[next(iter(_forgotten))]
@@ -229,6 +233,19 @@ def report_stopped(owner: Any, mesh_key: str, name: str, rank: int, unfinished: 
     _notify(owner, mesh_key, name, rank, unfinished or "stopped", stopped=True)
 
 
+def process_stopping(inst: ActorInstance) -> None:
+    """Tell the owner of ``inst``'s mesh that its process was asked to exit: if it is killed
+    before its actors report themselves stopped, the owner takes the death as expected."""
+    owner = inst.owner
+    if owner is None:
+        return
+    header = protocol.process_stopping(owner[1], inst.key, inst.name, inst.rank.rank)
+    try:
+        runtime().send(owner[0], header, [], keep=True)
+    except Exception:
+        logger.exception("could not tell the owner at %s that an actor's process stops", owner[0])
+
+
 def _notify_owner(inst: ActorInstance, report: str, stopped: bool) -> None:
     _notify(inst.owner, inst.key, inst.name, inst.rank.rank, report, stopped)
 
@@ -239,7 +256,8 @@ def _notify(owner: Any, mesh_key: str, name: str, rank: int, report: str, stoppe
             sys.stderr.write(f"monarch: {report}\n")
         return
     try:
-        runtime().send(owner[0], protocol.supervision(owner[1], mesh_key, name, rank, report, stopped), [])
+        header = protocol.supervision(owner[1], mesh_key, name, rank, report, stopped)
+        runtime().send(owner[0], header, [], keep=True)  # nobody waits for it: never lose it
     except Exception:
         logger.exception("could not report a failure to the owner at %s", owner[0])
         sys.stderr.write(f"monarch: {report}\n")
@@ -247,6 +265,12 @@ def _notify(owner: Any, mesh_key: str, name: str, rank: int, report: str, stoppe
 
 def handle_supervision_frame(header: dict, bodies: list) -> None:
     mesh_key, rank = header[MESH], header[RANK]
+    if header.get(STOPPED) == PROCESS_STOPPING:
+        with _lock:
+            owned = _owned.get(mesh_key)
+            if owned is not None and owned.addresses[rank] not in dead_processes:
+                stopping_processes.add(owned.addresses[rank])
+        return
     if header.get(STOPPED):
         with _lock:
             owned = _owned.get(mesh_key)
@@ -263,10 +287,15 @@ def handle_supervision_frame(header: dict, bodies: list) -> None:
 def process_exited(address: str, how: str, expected: bool = False) -> None:
     """The process at ``address`` is gone: fail pending calls and report owned ranks there.
 
-    ``expected`` (it was asked to stop) fails what still waits on it but reports no failure.
+    ``expected`` (it was asked to stop, here or, as its actors said, by whoever stopped it)
+    fails what still waits on it but reports no failure.
     """
     from monarch._src.actor.port import fail_waiting_on  # ports ask supervision which peers died
 
+    with _lock:
+        if address in stopping_processes:
+            stopping_processes.discard(address)
+            expected = True
     if expected:
         report = f"the process {address} this actor was running on was stopped"
     else:

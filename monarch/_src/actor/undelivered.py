@@ -5,8 +5,8 @@ A message can fail to arrive in two ways. The receiving process may reject it (l
 the message's reply port with the error, or, for a message nobody waits on (a broadcast),
 reports a failure of the receiving actor to its owner. Or the connection it travelled on may
 close while the peer lives on, in either direction (each process sends on a connection of its
-own): calls that were waiting on that peer then fail, since whether their messages, or the
-peer's replies, arrived cannot be known.
+own): calls whose messages, or whose replies, may have been lost with it then fail (the peer
+says on reconnecting which replies it had written; calls still running there complete).
 """
 
 from __future__ import annotations
@@ -46,27 +46,42 @@ def message_rejected(header: dict, error: BaseException) -> None:
 
 def connection_lost(address: str, reason: BaseException, replies: bool) -> Callable[[], None] | None:
     """A connection with ``address`` closed with messages on it: this process's calls to it, or
-    (``replies``) its replies to this process. Returns what to do if the process there turns out
-    to be alive: fail the calls that were waiting on it, and still are by then (None: none were)."""
+    (``replies``) its replies to this process, when which of them were lost cannot be known.
+    Returns what to do if the process there turns out to be alive: fail the calls that were
+    waiting on it, and still are by then (None: none were)."""
     waiting = port.waiting_on(address)
     if not waiting:
         return None
-    if replies:
-        what = f"the connection from {address} closed ({reason}) before its reply was known to be delivered"
-    else:
-        what = f"the connection to {address} closed ({reason}) before its message was known to be delivered"
 
     def peer_alive() -> None:
         still = set(port.waiting_on(address))
         for handler in waiting:
             if handler in still:
-                handler.stop_expecting()
-                handler.fail(
-                    ConnectionError(
-                        f"Endpoint call {handler.label}() failed: {what}. The process is still "
-                        "alive, so the call may or may not have run.\n"
-                        "HINT: retry the call if it is safe to run twice."
-                    )
-                )
+                _fail_lost(handler, address, reason, replies)
 
     return peer_alive
+
+
+def replies_lost(address: str, reason: BaseException, port_ids: list[int]) -> None:
+    """The process at ``address``, alive, had sent replies to ``port_ids`` on a connection that
+    closed before this process read them: their receivers fail (calls whose replies were not
+    sent yet are untouched: the replies come on the new connection)."""
+    for port_id in port_ids:
+        handler = port.handler_of(port_id)
+        if handler is not None:
+            _fail_lost(handler, address, reason, True)
+
+
+def _fail_lost(handler: port.PortHandler, address: str, reason: BaseException, reply: bool) -> None:
+    if reply:
+        what = f"the connection from {address} closed ({reason}) before its reply was known to be delivered"
+    else:
+        what = f"the connection to {address} closed ({reason}) before its message was known to be delivered"
+    handler.stop_expecting()
+    handler.fail(
+        ConnectionError(
+            f"Endpoint call {handler.label}() failed: {what}. The process is still "
+            "alive, so the call may or may not have run.\n"
+            "HINT: retry the call if it is safe to run twice."
+        )
+    )

@@ -179,6 +179,16 @@ class HostMesh(MeshTrait):
         return _all_attached([self._hosts[r] for r in self._host_shape.ranks()])
 
     async def __aenter__(self) -> HostMesh:
+        """Wait (without blocking the caller's loop) until every host is attached, so that
+        ``spawn_procs`` inside does not wait for it; a host that cannot be attached raises
+        here, after the others were shut down."""
+        if self._hosts is not None:
+            try:
+                await self.initialized
+            except BaseException:
+                if self._owner is not None and not self._shut_down:
+                    await self.shutdown()
+                raise
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -9,7 +9,10 @@ a session within ``host_attach_timeout_s``.
 
 ``RemoteProcGroup`` is what owns procs spawned on such hosts (the ``ProcOwner`` of their
 ``ProcMesh``): each session's ``HostActor`` starts them and reports their exits to a port of
-the spawning process, which turns them into the same supervision events as a local exit. If a
+the spawning process, which turns them into the same supervision events as a local exit.
+Called from a coroutine, it does not wait for the sessions' answers (that would block the
+caller's event loop): the procs start on sockets each session bound ahead (``Host.spare``), and
+a host that fails to start them reports them failed. If a
 host is lost (its session's connection drops for good, the agent connection closes, or it
 answers no heartbeat for ``host_heartbeat_timeout_s``: ``host/heartbeat``), every proc there is
 reported failed at once, so pending calls fail and owners hear of it.
@@ -17,7 +20,9 @@ reported failed at once, so pending calls fail and owners hear of it.
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +32,7 @@ from monarch._src.actor import multicast, supervision
 from monarch._src.actor.actor_mesh import ActorMesh
 from monarch._src.actor.future import (
     Future,
+    add_done_callback,
     completed_future,
     outcome,
     pending_future,
@@ -69,11 +75,14 @@ class Host:
     host mesh spawns procs on that machine too.
     """
 
-    __slots__ = ("agent", "session")
+    __slots__ = ("agent", "session", "spare")
 
     def __init__(self, agent: str, session: Future[str]) -> None:
         self.agent = agent
         self.session = session
+        #: Addresses of listening sockets the session bound ahead for this client's procs (a
+        #: reference to the host, in another process, has none); taken under ``_lock``.
+        self.spare: list[str] = []
 
     @property
     def attached(self) -> bool:
@@ -166,6 +175,8 @@ class HostConnection:
     def announced(self, info: dict[str, Any]) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        with _lock:
+            self.host.spare.extend(info.get("spare", ()))
         set_result(self.host.session, info["address"])
         keep_alive(self.agent, info["address"], self._heartbeat_lost)
 
@@ -285,14 +296,16 @@ class RemoteProcGroup:
         watch_hosts()
         self.name = name
         self.addresses: list[str] = []
-        self.pids: list[int] = []
+        self._pids: list[int] = []
         self.returncodes: list[int | None] = []
         self._exit_futures: list[Future[int]] = []
         self._on_exit: list[Callable[[int, int], None]] = []
         self._stop_requested = False
         #: (session address, group id there, first rank, number of procs)
-        self._parts: list[tuple[str, int, int, int]] = []
+        self._parts: list[tuple[str, Future[int], int, int]] = []
         self._handlers: list[_ExitReports] = []
+        #: In a coroutine, the spare sockets taken on each host (None: ask and wait).
+        spares = _take_spares(hosts, [len(envs) for envs in envs_by_host]) if _in_coroutine() else None
         sessions = [host.session_address() for host in hosts]  # raises if a host is unreachable
         _sessions_seen.update(sessions)
         for host, session in zip(hosts, sessions):
@@ -304,36 +317,26 @@ class RemoteProcGroup:
             envs_by_host = [[{OVERRIDES_ENV: overrides, **env} for env in envs] for envs in envs_by_host]
         calls = []
         first = 0
-        for session, envs in zip(sessions, envs_by_host):
+        for i, (session, envs) in enumerate(zip(sessions, envs_by_host)):
             handler = _ExitReports(self, first)
             self._handlers.append(handler)
             exits: Port[Any] = Port(rt.address, handler.port_id)
             calls.append(
                 host_actor(session).start_group.call_one(
-                    name, list(envs), gated, list(preload), exits, rt.address
+                    name, list(envs), gated, list(preload), exits, rt.address, spares[i] if spares else []
                 )
             )
             first += len(envs)
-        first = 0
-        failure: tuple[Host, BaseException] | None = None
-        for host, session, call in zip(hosts, sessions, calls):
-            try:
-                group_id, addresses, pids = call.get(timeout=CONFIG.peer_unreachable_s)
-            except Exception as e:  # the others are still waited for: what started must be killed
-                failure = failure or (host, e)
-                continue
-            self._parts.append((session, group_id, first, len(addresses)))
-            self.addresses += addresses
-            self.pids += pids
-            first += len(addresses)
-        if failure is not None:
-            self.kill()
-            for handler in self._handlers:
-                handler.close()
-            host, error = failure
-            raise RuntimeError(
-                f"spawning {name} on the host of agent {host.agent} failed: {error}"
-            ) from error
+        #: The sessions' answers still to come (``spares``): they bring the pids.
+        self._starting = calls if spares is not None else []
+        if spares is not None:
+            for session, addresses in zip(sessions, spares):
+                group_id: Future[int] = pending_future()
+                self._parts.append((session, group_id, len(self.addresses), len(addresses)))
+                self.addresses += addresses
+            self._pids = [0] * len(self.addresses)
+        else:
+            self._wait_for_sessions(hosts, sessions, calls)
         for session, _, first, count in self._parts:
             multicast.add_host(session, self.addresses[first : first + count])
         self.returncodes = [None] * len(self.addresses)
@@ -345,6 +348,59 @@ class RemoteProcGroup:
             _live.add(self)
         weakref.finalize(self, _forget, tuple(self.addresses), [h.port_id for h in self._handlers])
         log_capture.maybe_register_ipython_hook()
+        if spares is not None:
+            for host, call, part in zip(hosts, calls, self._parts):
+                add_done_callback(call, functools.partial(self._started, host, part))
+
+    def _wait_for_sessions(
+        self, hosts: Sequence[Host], sessions: list[str], calls: list[Future[Any]]
+    ) -> None:
+        """Wait for each session's answer to ``start_group``: the procs' addresses and pids."""
+        first = 0
+        failure: tuple[Host, BaseException] | None = None
+        for host, session, call in zip(hosts, sessions, calls):
+            try:
+                group_id, addresses, pids, _ = call.get(timeout=CONFIG.peer_unreachable_s)
+            except Exception as e:  # the others are still waited for: what started must be killed
+                failure = failure or (host, e)
+                continue
+            self._parts.append((session, completed_future(group_id), first, len(addresses)))
+            self.addresses += addresses
+            self._pids += pids
+            first += len(addresses)
+        if failure is not None:
+            self.kill()
+            for handler in self._handlers:
+                handler.close()
+            host, error = failure
+            raise RuntimeError(
+                f"spawning {self.name} on the host of agent {host.agent} failed: {error}"
+            ) from error
+
+    def _started(self, host: Host, part: tuple[str, Future[int], int, int], call: Future[Any]) -> None:
+        """A session answered ``start_group`` for procs started on its spare sockets."""
+        _, group_id, first, count = part
+        value, error = outcome(call)
+        if error is not None:
+            set_exception(group_id, error)
+            for rank in range(first, first + count):
+                self.exited(rank, f"could not be started on the host of agent {host.agent}: {error}", -1)
+            return
+        number, _, pids, spare = value  # type: ignore[misc]
+        self._pids[first : first + count] = pids
+        with _lock:
+            host.spare.extend(spare)
+        set_result(group_id, number)
+
+    @property
+    def pids(self) -> list[int]:
+        """The procs' pids, by rank (for procs spawned from a coroutine, once the hosts said)."""
+        for call in self._starting:
+            try:
+                call.get(timeout=CONFIG.peer_unreachable_s)
+            except Exception:
+                pass  # those procs are reported failed (``_started``); their pids stay 0
+        return self._pids
 
     # -- ProcOwner ---------------------------------------------------------------------------------
 
@@ -362,11 +418,9 @@ class RemoteProcGroup:
         """Ask every proc to exit (each session kills those that do not within its stop
         timeout); resolves once every exit was reported, or the hosts stopped answering."""
         self._stop_requested = True
-        for session, group_id, _, _ in self._parts:
-            try:
-                host_actor(session).stop_group.broadcast(group_id, reason)
-            except Exception:
-                logger.debug("could not ask %s to stop %s", session, self.name, exc_info=True)
+        self._tell_each_session(
+            "stop", lambda session, group_id: host_actor(session).stop_group.broadcast(group_id, reason)
+        )
 
         def overdue() -> None:
             for rank, code in enumerate(self.returncodes):
@@ -377,11 +431,24 @@ class RemoteProcGroup:
 
     def kill(self) -> None:
         self._stop_requested = True
+        self._tell_each_session(
+            "kill", lambda session, group_id: host_actor(session).kill_group.broadcast(group_id)
+        )
+
+    def _tell_each_session(self, what: str, send: Callable[[str, int], None]) -> None:
+        """``send(session, group id)`` for each host, once the group there has an id."""
         for session, group_id, _, _ in self._parts:
-            try:
-                host_actor(session).kill_group.broadcast(group_id)
-            except Exception:
-                logger.debug("could not ask %s to kill %s", session, self.name, exc_info=True)
+
+            def tell(started: Future[int], session: str = session) -> None:
+                number, error = outcome(started)  # type: ignore[arg-type]
+                if number is None or error is not None:
+                    return  # nothing started there
+                try:
+                    send(session, number)
+                except Exception:
+                    logger.debug("could not ask %s to %s %s", session, what, self.name, exc_info=True)
+
+            add_done_callback(group_id, tell)
 
     # -- exits ---------------------------------------------------------------------------------------
 
@@ -414,6 +481,25 @@ class RemoteProcGroup:
         if self._stop_requested:
             return []
         return [a for a, code in zip(self.addresses, self.returncodes) if code is None]
+
+
+def _in_coroutine() -> bool:
+    """Whether this thread runs an asyncio event loop (a coroutine called): waiting blocks it."""
+    asyncio = sys.modules.get("asyncio")  # none imported: no loop can be running
+    return asyncio is not None and asyncio._get_running_loop() is not None
+
+
+def _take_spares(hosts: Sequence[Host], counts: list[int]) -> list[list[str]] | None:
+    """``counts[i]`` spare sockets of each attached host, or None (and none taken) if some host
+    is still attaching or has too few."""
+    with _lock:
+        if not all(host.attached and len(host.spare) >= n for host, n in zip(hosts, counts)):
+            return None
+        taken = []
+        for host, n in zip(hosts, counts):
+            taken.append(host.spare[:n])
+            del host.spare[:n]
+        return taken
 
 
 def _forget(addresses: tuple[str, ...], port_ids: list[int]) -> None:

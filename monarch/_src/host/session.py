@@ -11,7 +11,10 @@ This module is what runs in it:
   how the client learns where the session listens;
 * ``HostActor.start_group`` starts procs with the same ``ProcGroup`` as on the client's own host
   (``preload``, ``env``, ``bootstrap`` gating), reads their output and sends it to the
-  requester (``log_capture``), and reports each exit to the requester's port;
+  requester (``log_capture``), and reports each exit to the requester's port. It may start
+  them on spare sockets bound ahead of time, whose addresses the client was given (in the
+  announcement, then with each reply that used some): such a client knows the new procs'
+  addresses without waiting for the reply, so ``spawn_procs`` in a coroutine never blocks;
 * when a requester is lost (its process died, or its heartbeats stopped: ``host/heartbeat``),
   the procs it spawned here are killed; when the agent ends the session (the client went away),
   this process is killed and its procs notice their parent's death (``runtime/parent_death``)
@@ -45,6 +48,26 @@ SESSION_ENV = "MONARCH_HOST_SESSION"
 HOST_ACTOR_KEY = "__monarch_host__"
 #: The bootstrap setting naming the client's port the session announces itself to.
 ANNOUNCE = "announce"
+#: Listening sockets bound ahead for the client's procs (``spare``): one host's procs of a
+#: ``spawn_procs`` in a coroutine, if no more than this many, start without a round trip.
+SPARE_SOCKETS = 8
+
+#: address -> a listening socket bound ahead, that ``start_group`` may be told to use.
+_spare: dict[str, socket.socket] = {}
+
+
+def bind_spares(count: int) -> list[str]:
+    """Bind ``count`` more spare sockets; returns their addresses."""
+    from monarch._src.transport.address import of_listening_socket
+
+    rt = runtime()
+    addresses = []
+    for _ in range(count):
+        sock = rt.new_listen_socket()
+        address = of_listening_socket(sock)
+        _spare[address] = sock
+        addresses.append(address)
+    return addresses
 
 
 class HostActor(Actor):
@@ -69,15 +92,24 @@ class HostActor(Actor):
         preload: Sequence[str],
         exits: Port[tuple[int, str, int]],
         requester: str,
-    ) -> tuple[int, list[str], list[int]]:
-        """Start one proc per entry of ``envs``; their output goes to ``requester`` and each
-        exit ``(rank, how, code)`` to ``exits``. Returns (group id, addresses, pids)."""
+        spares: Sequence[str] = (),
+    ) -> tuple[int, list[str], list[int], list[str]]:
+        """Start one proc per entry of ``envs``, on the ``spares`` sockets (by address) if
+        given; their output goes to ``requester`` and each exit ``(rank, how, code)`` to
+        ``exits``. Returns (group id, addresses, pids, addresses of new spares that replace the
+        ones used)."""
+        missing = [a for a in spares if a not in _spare]
+        if missing or (spares and len(spares) != len(envs)):
+            raise ValueError(f"not spare sockets of the session at {runtime().address}: {missing}")
+        sockets = [_spare.pop(a) for a in spares]
         address = runtime().address
         procs_envs: list[dict[str, str]] = [{**env, SESSION_ENV: address} for env in envs]
         for env in procs_envs:  # the client's settings, this machine's ways to listen
             if OVERRIDES_ENV in env:
                 env[OVERRIDES_ENV] = with_this_machine(env[OVERRIDES_ENV])
-        group = self._group_class(name, procs_envs, gated=gated, preload=list(preload), output_to=requester)
+        group = self._group_class(
+            name, procs_envs, gated=gated, preload=list(preload), output_to=requester, listen_sockets=sockets
+        )
         group_id = self._next_id
         self._next_id += 1
         self._groups[group_id] = group
@@ -93,7 +125,7 @@ class HostActor(Actor):
                 self._by_requester.get(requester, set()).discard(group_id)
 
         group.watch_exits(exited)
-        return group_id, list(group.addresses), [proc.pid for proc in group.procs]
+        return group_id, list(group.addresses), [proc.pid for proc in group.procs], bind_spares(len(spares))
 
     @endpoint
     def stop_group(self, group_id: int, reason: str) -> None:
@@ -140,7 +172,12 @@ def _announce(reply: list) -> None:
             protocol.spawn(key, name, 0, [[], []], (rt.address,), [name, name, "<host agent>"], None),
             payload.dumps(init),
         )
-    info = {"address": rt.address, "hostname": socket.gethostname(), "pid": os.getpid()}
+    info = {
+        "address": rt.address,
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "spare": bind_spares(SPARE_SOCKETS),
+    }
     announce: Port[dict[str, Any]] = Port(reply[0], reply[1])
     announce.send(info)
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -133,7 +134,11 @@ class ProcGroup:
         capture_output: bool = True,
         preload: Sequence[str] = (),
         output_to: str | None = None,
+        listen_sockets: Sequence[socket.socket] | None = None,
     ) -> None:
+        """``listen_sockets``: bound, listening sockets for the workers, by rank (a host
+        session binds them ahead of time, so that its client knows their addresses at once);
+        None: bound here."""
         rt = runtime()
         self.name = name
         #: Read the workers' stdout/stderr (log_capture); False: they inherit this process's.
@@ -156,7 +161,8 @@ class ProcGroup:
         launches: list[_Launch] = []
         try:
             for rank, extra_env in enumerate(envs):
-                launches.append(self._prepare(rt, rank, extra_env, root, gated))
+                sock = listen_sockets[rank] if listen_sockets else rt.new_listen_socket()
+                launches.append(self._prepare(rt, rank, sock, extra_env, root, gated))
             if preload:
                 self._fork_from_template(launches, preload)
             else:
@@ -177,11 +183,12 @@ class ProcGroup:
         if capture_output:
             log_capture.maybe_register_ipython_hook()
 
-    def _prepare(self, rt: Any, rank: int, extra_env: Mapping[str, str], root: str, gated: bool) -> _Launch:
-        """Bind the worker's socket, make its pipes and environment; start nothing yet."""
+    def _prepare(
+        self, rt: Any, rank: int, sock: socket.socket, extra_env: Mapping[str, str], root: str, gated: bool
+    ) -> _Launch:
+        """Take the worker's listening socket, make its pipes and environment; start nothing yet."""
         launch = _Launch(rank)
         try:
-            sock = rt.new_listen_socket()
             launch.address = of_listening_socket(sock)
             launch.listen_fd = sock.detach()
             launch.death_r, launch.death_w = os.pipe()

@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
 from monarch._src.runtime import job_files, shm
@@ -32,6 +33,11 @@ from monarch._src.wire.frame import FrameTooLargeError, encode_frame
 from monarch._src.wire.protocol import (
     KIND,
     PEER_HELLO_KIND,
+    PORT_ID,
+    PREVIOUS_FRAMES,
+    PREVIOUS_KNOWN_FROM,
+    PREVIOUS_REPLIES,
+    PREVIOUS_REPORTS,
     SENDER,
     SHM_GIVE_BACK_KIND,
     SHM_MOVED,
@@ -50,6 +56,23 @@ UndeliverableCallback = Callable[[dict, BaseException], None]
 #: once the peer turns out to be alive, or None if nothing (a dead peer is reported through
 #: PeerLostCallback).
 FramesLostCallback = Callable[[str, BaseException, bool], "Callable[[], None] | None"]
+#: Told that replies (PORT and PORT_BATCH frames) a live peer sent to these port ids of this
+#: process were lost with its connection, which closed for the reason given.
+RepliesLostCallback = Callable[[str, BaseException, list[int]], None]
+#: What a peer's hello says of its previous connection: frames written, the index from which
+#: the next two are complete, ``[[index, port id], ...]`` of its replies, ``[[index, header],
+#: ...]`` of its failure reports.
+Previous = tuple[int, int, list, list]
+
+
+@dataclass
+class _Drop:
+    """A peer's connection to this process that closed; settled by the peer's next hello, which
+    says how many frames it had written on it (``_settle``), or given up on (``_no_hello``)."""
+
+    read: int
+    reason: BaseException
+    timer: asyncio.TimerHandle | None = None
 
 
 class Runtime:
@@ -87,8 +110,6 @@ class Runtime:
         self.address = addresses.of_listening_socket(listen_sock)
         #: Frames that arrive over TCP come from another host: they must carry every byte.
         self._on_frame = self._receive if addresses.is_unix(self.address) else self._receive_from_other_host
-        #: The first frame of each connection this process opens: the address its peer sees it at.
-        self._hello = encode_frame(peer_hello(self.address), [], self.max_frame_bytes)
         self._handlers: dict[int, Handler] = {}
         self._conns: dict[str, OutgoingConnection] = {}
         self._conns_lock = threading.Lock()
@@ -96,6 +117,13 @@ class Runtime:
         self._peer_lost: list[PeerLostCallback] = []
         self._undeliverable: list[UndeliverableCallback] = []
         self._frames_lost: list[FramesLostCallback] = []
+        self._replies_lost: list[RepliesLostCallback] = []
+        #: Each peer's open connection to this process (the latest one that said hello).
+        self._from_peer: dict[str, IncomingConnection] = {}
+        #: What a peer said in its hello about its previous connection, while that one is open.
+        self._said_before: dict[IncomingConnection, Previous] = {}
+        #: Peers' connections that closed, until the peer's next hello settles what was lost.
+        self._drops: dict[str, _Drop] = {}
         self.closed = False
         self.loop_thread = LoopThread()
         self.loop = self.loop_thread.loop
@@ -175,6 +203,10 @@ class Runtime:
         """See ``FramesLostCallback``."""
         self._frames_lost.append(callback)
 
+    def on_replies_lost(self, callback: RepliesLostCallback) -> None:
+        """See ``RepliesLostCallback``."""
+        self._replies_lost.append(callback)
+
     def _reject(self, header: dict, error: BaseException) -> None:
         for cb in self._undeliverable:
             try:
@@ -192,8 +224,12 @@ class Runtime:
         except Exception:
             logger.exception("handler for frame kind %r failed", header.get(KIND))
 
-    def send(self, address: str, header: dict, bodies: list) -> None:
-        """Deliver one message; callable from any thread. Raises FrameTooLargeError at once."""
+    def send(self, address: str, header: dict, bodies: list, keep: bool = False) -> None:
+        """Deliver one message; callable from any thread. Raises FrameTooLargeError at once.
+
+        ``keep``: a frame without bodies (a failure report, which nobody waits for) that must
+        not be lost with a connection that drops under a live peer: the next connection's
+        hello carries it again (see ``_settle``)."""
         if self._shm.given_back:
             self._shm.flush_given_back()
         if address == self.address:
@@ -210,13 +246,23 @@ class Runtime:
             # Only a Unix socket's peer surely shares this host's /dev/shm (see ``address``).
             bodies = self._shm.export(address, header, bodies)
         buffers = encode_frame(header, bodies, self.max_frame_bytes)
+        # A reply is tagged with its port id, a frame to keep with its header: should the
+        # connection drop, the peer learns whether it was written on it (see ``_settle``).
+        tag = header if keep else header.get(PORT_ID)
+        if tag.__class__ is not int and not keep:
+            tag = None
         conn = self._conns.get(address)
         if conn is None or conn.closed:
             conn = self._connect(address)
         try:
-            conn.send(buffers)
-        except ConnectionError as e:
-            logger.debug("send to %s failed: %s", address, e)
+            conn.send(buffers, tag)
+        except ConnectionError:
+            # It closed after it was looked up, before taking the frame: the frame goes on the
+            # connection that replaces it (which reports the peer lost if it is gone).
+            try:
+                self._connect(address).send(buffers, tag)
+            except ConnectionError as e:
+                logger.debug("send to %s failed: %s", address, e)
 
     def _receive(self, header: dict, bodies: list) -> None:
         """A frame from another process: map its shared-memory buffers, then route it."""
@@ -262,11 +308,21 @@ class Runtime:
             conn = self._conns.get(address)
             if conn is not None and not conn.closed:
                 return conn
+            # The peer is told how many frames the connection this one replaces carried (it
+            # stays listed until replaced when it had been authenticated), and which were
+            # replies, so that it can tell which of them it lost.
+            previous = None
+            if conn is not None:
+                known_from, tagged = conn.sent_tags()
+                replies = [entry for entry in tagged if entry[1].__class__ is int]
+                reports = [entry for entry in tagged if entry[1].__class__ is dict]
+                previous = (conn.frames_sent, known_from, replies, reports)
+            hello = encode_frame(peer_hello(self.address, previous), [], self.max_frame_bytes)
             conn = self._new_outgoing(
                 address,
                 on_close=lambda c, reason: self._outgoing_closed(address, c, reason),
                 name=address,
-                greeting=self._hello,
+                greeting=hello,
             )
             self._conns[address] = conn
         self.loop_thread.call_soon(self.loop.create_task, conn.connect())
@@ -292,21 +348,28 @@ class Runtime:
         )
 
     def _outgoing_closed(self, address: str, conn: OutgoingConnection, reason: BaseException) -> None:
-        with self._conns_lock:
-            if self._conns.get(address) is conn:
-                del self._conns[address]
+        if self.closed or not conn.authenticated:
+            with self._conns_lock:
+                if self._conns.get(address) is conn:
+                    del self._conns[address]
         if self.closed:
             return
         if conn.authenticated:
-            # A live peer may have dropped only this connection: connect again to find out.
-            # Frames that were on it may be lost; their senders are told once the peer is
-            # found alive (if it is gone, it is reported as lost, which fails them too).
+            # A live peer may have dropped only this connection: connect again to find out
+            # (the new one replaces it in ``_conns``). Frames that were on it may be lost;
+            # their senders are told once the peer is found alive (if it is gone, it is
+            # reported as lost, which fails them too).
             logger.debug("connection to %s lost (%s); reconnecting", address, reason)
             on_alive = self._when_found_alive(address, reason, replies=False)
             on_alive.append(
                 lambda: logger.warning("connection to %s re-established after: %s", address, reason)
             )
-            self._connect(address).when_authenticated.extend(on_alive)
+            new = self._connect(address)
+            if new.authenticated:  # a sender reconnected first, and it is through already
+                for fn in on_alive:
+                    fn()
+            else:
+                new.when_authenticated.extend(on_alive)
             return
         for cb in list(self._peer_lost):
             try:
@@ -333,30 +396,98 @@ class Runtime:
         return conn
 
     def _first_frame(self, conn: IncomingConnection, header: dict, bodies: list) -> None:
-        """A peer's first frame names the address it listens at (``_hello``); it comes after the
-        handshake, so it is trusted. Later frames go straight to the router."""
+        """A peer's first frame names the address it listens at (see ``_connect``); it comes
+        after the handshake, so it is trusted. Later frames go straight to the router."""
         conn.on_frame = self._on_frame
         sender = header.get(SENDER)
-        if header.get(KIND) == PEER_HELLO_KIND and isinstance(sender, str):
-            conn.peer = sender
-        else:
+        if header.get(KIND) != PEER_HELLO_KIND or not isinstance(sender, str):
             self._on_frame(header, bodies)
+            return
+        conn.peer = sender
+        before = self._from_peer.get(sender)
+        self._from_peer[sender] = conn
+        frames = header.get(PREVIOUS_FRAMES)
+        if frames is None:
+            return
+        said = (
+            frames,
+            header.get(PREVIOUS_KNOWN_FROM, 0),
+            header.get(PREVIOUS_REPLIES) or [],
+            header.get(PREVIOUS_REPORTS) or [],
+        )
+        if before is not None and not before.closed:
+            self._said_before[before] = said  # its close, still to come here, settles it
+            return
+        drop = self._drops.pop(sender, None)
+        if drop is not None:
+            if drop.timer is not None:
+                drop.timer.cancel()
+            self._settle(sender, drop, said)
 
     def _incoming_closed(self, conn: IncomingConnection, reason: BaseException | None) -> None:
         """A peer's connection to this process closed. If the peer lives on (only the connection
         dropped), frames it had sent on it may be lost: replies to this process's calls among
-        them. It reconnects, but cannot tell which were read, so calls waiting on it then fail
-        rather than wait forever; a peer that exited is reported as lost instead (``on_peer_lost``)."""
+        them. It reconnects at once and says in its hello how many frames it had written, and
+        which were replies: those this process did not read fail their calls (``_settle``);
+        calls still running there complete over the new connection. A peer that exited is
+        reported as lost instead (``on_peer_lost``)."""
         self._incoming.discard(conn)
         peer = conn.peer
         if self.closed or peer is None:
             return
+        if self._from_peer.get(peer) is conn:
+            del self._from_peer[peer]
         reason = reason or ConnectionResetError(f"connection from {peer} closed")
-        on_alive = self._when_found_alive(peer, reason, replies=True)
-        if not on_alive:
+        drop = _Drop(read=conn.frames_read - 1, reason=reason)  # its hello is not counted
+        said = self._said_before.pop(conn, None)
+        if said is not None:
+            self._settle(peer, drop, said)
             return
-        # Whether the peer lives is known only by reaching it anew: this process's own
-        # connection to it may not have noticed yet that the peer exited.
+        earlier = self._drops.get(peer)
+        if earlier is not None and earlier.timer is not None:
+            earlier.timer.cancel()
+        self._drops[peer] = drop
+        drop.timer = self.loop.call_later(CONFIG.peer_unreachable_s, self._no_hello, peer, drop)
+
+    def _settle(self, peer: str, drop: _Drop, said: Previous) -> None:
+        """``peer`` said it wrote ``frames`` frames on the connection that dropped, which were
+        replies and failure reports from index ``known_from`` on: deliver the reports this
+        process did not read, and tell the upper layers which replies were lost."""
+        frames, known_from, replies, reports = said
+        if frames <= drop.read:
+            return  # every frame was read: nothing lost
+        for index, header in reports:
+            if index >= drop.read and isinstance(header, dict):
+                self.dispatch(header, [])
+        if drop.read >= known_from:
+            lost = [port_id for index, port_id in replies if index >= drop.read]
+            for cb in self._replies_lost:
+                try:
+                    cb(peer, drop.reason, lost)
+                except Exception:
+                    logger.exception("replies-lost callback failed")
+            return
+        # More frames were lost than the peer kept a record of: any reply may be among them.
+        logger.error(
+            "%d frames from %s were lost with its connection (%s), more than it kept a record "
+            "of: failure reports among the oldest of them may be lost",
+            frames - drop.read,
+            peer,
+            drop.reason,
+        )
+        for fn in self._when_found_alive(peer, drop.reason, replies=True):
+            fn()
+
+    def _no_hello(self, peer: str, drop: _Drop) -> None:
+        """A peer whose connection closed did not reconnect within ``peer_unreachable_s``. If it
+        is alive, the replies it had sent cannot be known: calls waiting on it fail rather than
+        wait forever (a peer that exited is reported as lost instead)."""
+        if self._drops.get(peer) is drop:
+            del self._drops[peer]
+        on_alive = self._when_found_alive(peer, drop.reason, replies=True)
+        if not on_alive or self.closed:
+            return
+        # Whether the peer lives is known only by reaching it anew.
         probe = self._new_outgoing(peer, on_close=lambda c, why: None, name=f"liveness check of {peer}")
         probe.when_authenticated.extend(on_alive)
         probe.when_authenticated.append(probe.close)

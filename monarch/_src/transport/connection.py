@@ -83,6 +83,9 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self.close_reason: BaseException | None = None
         #: The address the peer listens at, as its first frame said (set by the owner).
         self.peer: str | None = None
+        #: Frames decoded (handed to ``on_frame``) or rejected (handed to ``on_reject``): what
+        #: the peer wrote and this side accounted for, compared with what it says it sent.
+        self.frames_read = 0
         # Just the client's proof until the peer is authenticated (see _auth_step).
         self._buf = bytearray(auth.CLIENT_PROOF_BYTES)
         self._start = 0
@@ -222,6 +225,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
                             self._start = self._end = 0
                         else:
                             self._start = pos
+                        self.frames_read += 1
                         self.on_frame(header, bodies)
                         continue
             if self._state == _BODY:
@@ -301,6 +305,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
     def _reject(self, reason: BaseException) -> None:
         header = self._header
         self._header, self._bodies, self._reject_reason = {}, [], None
+        self.frames_read += 1
         try:
             self._on_reject(header, reason)
         except Exception:
@@ -315,6 +320,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
         header, bodies = self._header, self._bodies
         self._state, self._need = _PREFIX, PREFIX_SIZE
         self._header, self._bodies = {}, []
+        self.frames_read += 1
         self.on_frame(header, bodies)
 
     def _auth_step(self, data: bytes) -> None:

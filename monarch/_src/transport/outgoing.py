@@ -52,6 +52,9 @@ MAX_IOV = 512
 BURST_GAP_S = 50e-6
 #: A corked burst is written once this many buffers (three per frame, or more) are queued.
 CORK_BUFFERS = 192
+#: How many tagged frames a connection remembers (``sent_tags``): after it dropped, its owner
+#: tells the peer which of them it had written, so that the peer knows which ones it lost.
+TAG_RECORD = 1024
 #: While a thread is still corking, the loop leaves the writing to it and looks again this much
 #: later (writing from two threads at once makes each wait on the other's lock).
 CORK_RECHECK_S = 1e-3
@@ -116,6 +119,8 @@ class OutgoingConnection:
         self.closed = False
         #: Frames handed to ``send`` (what a test or benchmark counts per peer).
         self.frames_sent = 0
+        #: ``(frame index, tag)`` of the latest frames sent with a tag (see ``sent_tags``).
+        self._tags: collections.deque[tuple[int, Any]] = collections.deque(maxlen=TAG_RECORD)
         self.close_reason: BaseException | None = None
         self._handshake = bytearray()
         self._nonce_c = b""
@@ -126,10 +131,15 @@ class OutgoingConnection:
 
     # -- sending (any thread) ---------------------------------------------------------------
 
-    def send(self, buffers: list[Any]) -> None:
+    def send(self, buffers: list[Any], tag: Any = None) -> None:
+        """Send one frame; ``tag`` (the owner's, e.g. the port a reply goes to) is remembered,
+        so that after the connection closed the owner can tell the peer which of its frames
+        went out on it (``sent_tags``)."""
         with self._lock:
             if self.closed:
                 raise ConnectionResetError(f"connection {self.name} is closed: {self.close_reason}")
+            if tag is not None:
+                self._tags.append((self.frames_sent, tag))
             self.frames_sent += 1
             q = self._queue
             on_loop = threading.get_ident() == self._loop_ident
@@ -194,6 +204,14 @@ class OutgoingConnection:
             if sent:
                 q[0] = memoryview(q[0]).cast("B")[sent:]
         return True
+
+    def sent_tags(self) -> tuple[int, list[list[Any]]]:
+        """``(known from, [[frame index, tag], ...])``: the tagged frames sent, complete from
+        frame index ``known from`` on (the record is bounded, ``TAG_RECORD``)."""
+        with self._lock:
+            tags = [[index, tag] for index, tag in self._tags]
+        known_from = tags[0][0] if len(tags) == TAG_RECORD else 0
+        return known_from, tags
 
     def write_corked(self) -> None:
         with self._lock:

@@ -42,7 +42,9 @@ PORT_BATCH_KIND = 12
 #: ``monarch.rdma``: a request to the runtime of the process that registered a buffer.
 RDMA_KIND = 13
 #: The first frame on every connection between runtimes: the sender names its own address, so
-#: the receiver knows whose replies a connection that drops carried (runtime-internal).
+#: the receiver knows whose replies a connection that drops carried, and after a drop says what
+#: it had written on the connection before, so the receiver knows which replies were lost
+#: (runtime-internal).
 PEER_HELLO_KIND = 14
 #: "I no longer use these shared-memory files you lent me" (runtime-internal).
 SHM_GIVE_BACK_KIND = 64
@@ -102,7 +104,8 @@ TIMEOUT = "t"
 REPORT = "t"
 #: SUPERVISION: the failed or stopped actor's mesh key.
 MESH = "m"
-#: SUPERVISION: present when the actor stopped (rather than failed).
+#: SUPERVISION: present when the actor stopped (rather than failed); ``PROCESS_STOPPING`` when
+#: its process was asked to exit and is stopping (see ``process_stopping``).
 STOPPED = "s"
 #: LOG: the client's id of the mesh the lines come from.
 LOG_MESH = "m"
@@ -129,6 +132,18 @@ SENDER = "s"
 GATHER = "g"
 #: PORT_BATCH: ``[[rank, number of bodies], ...]``, the bodies following in that order.
 REPLIES = "v"
+#: PEER_HELLO: how many frames the sender wrote on its previous connection to the receiver
+#: (absent: there was none, or it never got through the handshake).
+PREVIOUS_FRAMES = "n"
+#: PEER_HELLO: ``[[frame index, port id], ...]``, the PORT and PORT_BATCH frames among those,
+#: every one from index ``PREVIOUS_KNOWN_FROM`` on (the sender keeps a bounded record).
+PREVIOUS_REPLIES = "v"
+#: PEER_HELLO: ``[[frame index, header], ...]``, the SUPERVISION frames (no bodies) among those,
+#: likewise: the receiver delivers those it had not read.
+PREVIOUS_REPORTS = "r"
+#: PEER_HELLO: the first frame index from which ``PREVIOUS_REPLIES`` and ``PREVIOUS_REPORTS``
+#: are complete.
+PREVIOUS_KNOWN_FROM = "f"
 #: SHM_GIVE_BACK: names of the files given back.
 FILE_NAMES = "n"
 #: RDMA: what is asked (one of the ``RDMA_*`` operations below).
@@ -153,6 +168,9 @@ SHM_LENDER = "shmo"
 #: MSG or STOP_ACTOR to a proc that tree multicast reaches too: ``[sender address, n]``, the
 #: n-th such frame from that sender to that proc (the receiver restores the sender's order).
 SEQUENCE = "q"
+
+#: SUPERVISION: the ``STOPPED`` value of ``process_stopping``.
+PROCESS_STOPPING = 2
 
 #: PORT flag: the payload is an exception for the receiver to raise.
 FLAG_EXCEPTION = 1
@@ -198,7 +216,7 @@ FIELDS: dict[int, tuple[str, ...]] = {
     FORWARD_KIND: (ACTOR, ENDPOINT, REPLY_PORT, EXTENT, TARGETS, SENDER, GATHER),
     PORT_BATCH_KIND: (PORT_ID, REPLIES),
     RDMA_KIND: (RDMA_OP, RDMA_BUFFER, REPLY_PORT, RDMA_OFFSET, RDMA_LENGTH, RDMA_TIMEOUT),
-    PEER_HELLO_KIND: (SENDER,),
+    PEER_HELLO_KIND: (SENDER, PREVIOUS_FRAMES, PREVIOUS_REPLIES, PREVIOUS_REPORTS, PREVIOUS_KNOWN_FROM),
     SHM_GIVE_BACK_KIND: (FILE_NAMES,),
 }
 
@@ -267,6 +285,19 @@ def supervision(
     return header
 
 
+def process_stopping(owner_actor: str, mesh: str, name: str, rank: int) -> dict[str, Any]:
+    """SUPERVISION: the actor's process was asked to exit: its death is expected, not a failure."""
+    return {
+        KIND: SUPERVISION_KIND,
+        ACTOR: owner_actor,
+        MESH: mesh,
+        NAME: name,
+        RANK: rank,
+        REPORT: "stopping",
+        STOPPED: PROCESS_STOPPING,
+    }
+
+
 def log_lines(mesh: Any, stream: int, label: str, prefix: str, last: bool) -> dict[str, Any]:
     header: dict[str, Any] = {KIND: LOG_KIND, LOG_MESH: mesh, STREAM: stream, LABEL: label}
     if prefix:
@@ -325,8 +356,20 @@ def port_batch(port_id: int, replies: list[list[int]]) -> dict[str, Any]:
     return {KIND: PORT_BATCH_KIND, PORT_ID: port_id, REPLIES: replies}
 
 
-def peer_hello(sender: str) -> dict[str, Any]:
-    return {KIND: PEER_HELLO_KIND, SENDER: sender}
+def peer_hello(sender: str, previous: tuple[int, int, list, list] | None = None) -> dict[str, Any]:
+    """``previous``: ``(frames, known from, replies, reports)`` of the sender's previous
+    connection."""
+    if previous is None:
+        return {KIND: PEER_HELLO_KIND, SENDER: sender}
+    frames, known_from, replies, reports = previous
+    return {
+        KIND: PEER_HELLO_KIND,
+        SENDER: sender,
+        PREVIOUS_FRAMES: frames,
+        PREVIOUS_KNOWN_FROM: known_from,
+        PREVIOUS_REPLIES: replies,
+        PREVIOUS_REPORTS: reports,
+    }
 
 
 def shm_give_back(names: list[str]) -> dict[str, Any]:
