@@ -121,9 +121,9 @@ def main() -> None:
     target.echo.call(0).get()
     n = a.n if w != "outstanding" else max(1, a.n // 10_000) * 10_000
 
-    if not inproc:
-        echo.prof.call(True).get()
-        loop_prof.prof.call(True).get()  # type: ignore[union-attr]
+    echo.prof.call(True).get()
+    if loop_prof is not None:
+        loop_prof.prof.call(True).get()
     _on_client_loop(_start, "client loop")
     _start("caller")
     if w in ("rt_sync", "inproc"):
@@ -148,10 +148,12 @@ def main() -> None:
     client_loop = _on_client_loop(_stop, "client loop")
     _print("client: caller's thread", caller, n, a.top)
     _print("client: loop thread", client_loop, n, a.top)
-    if not inproc:
-        _print("worker(s): actor thread", echo.prof.call(False).get().values()[0], n, a.top)
-        _print("worker(s): loop thread", loop_prof.prof.call(False).get().values()[0], n, a.top)  # type: ignore[union-attr]
-        procs.stop().get()  # type: ignore[union-attr]
+    actor = echo.prof.call(False).get().values()[0]
+    _print(f"{'client' if inproc else 'worker(s)'}: actor thread", actor, n, a.top)
+    if loop_prof is not None:
+        _print("worker(s): loop thread", loop_prof.prof.call(False).get().values()[0], n, a.top)
+    if procs is not None:
+        procs.stop().get()
 
 
 if __name__ == "__main__":

@@ -21,15 +21,16 @@ from monarch._src.actor.coroutines import is_coroutine_function
 from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import Future, forbid_waiting
 from monarch._src.actor.port import Port, PortHandler, port_receiver
-from monarch._src.actor.process_state import runtime
+from monarch._src.actor.process_state import runtime, this_process
 from monarch._src.wire import payload
-from monarch._src.wire.protocol import message
+from monarch._src.wire.protocol import ACTOR, message
 
 if TYPE_CHECKING:
     import inspect
 
     from monarch._src.actor.actor_mesh import ActorMesh, MeshRef
     from monarch._src.actor.instance import ActorInstance
+    from monarch._src.runtime.runtime import Runtime
 
 R = TypeVar("R")
 Selection = Literal["all", "choose"]
@@ -58,6 +59,17 @@ def _current_task() -> object | None:
         return asyncio.current_task()
     except RuntimeError:  # no running loop in this thread
         return None
+
+
+def _deliver_here(rt: Runtime, header: dict, call: tuple[tuple, dict]) -> None:
+    """A message with immutable arguments to an actor of this process: straight into its
+    mailbox from this thread, as the router would put it there (so this thread's messages keep
+    their order whatever the adverb), with ``call`` as it is instead of pickled bodies."""
+    inst = this_process.lookup(header[ACTOR])
+    if inst is not None:
+        inst.post_message(header, call)
+    else:  # not here (any more): the router answers for it, with pickled bodies as ever
+        rt.send(rt.address, header, payload.dumps_call(*call))
 
 
 class EndpointProperty(Generic[R]):
@@ -237,7 +249,18 @@ class ActorEndpoint(Generic[R]):
             extent: list[Any] = _NO_EXTENT
         else:
             extent = ref.wire_extent
-        if not args and not kwargs:
+        # To actors of this process, immutable arguments go as they are (a copy could not be
+        # told apart from them); anything else travels pickled, so the callee gets a copy.
+        as_is = (
+            len(dests) == 1
+            and dests[0][1] == rt.address
+            and not multicast.forwarders
+            and payload.call_needs_no_copy(args, kwargs)
+        )
+        bodies: list[Any] | None
+        if as_is:
+            bodies = None
+        elif not args and not kwargs:
             bodies = _NO_ARGS
         else:
             pickling = pickling_for.set((ref.key, dests))
@@ -258,7 +281,10 @@ class ActorEndpoint(Generic[R]):
         else:
             port_spec = None
         key, name = ref.key, self._name
-        if multicast.forwarders:  # some procs of this job are on hosts run by agents
+        if bodies is None:
+            header = message(key, name, port_spec, dests[0][0], extent)
+            _deliver_here(rt, header, (args, dict(kwargs) if kwargs else kwargs))
+        elif multicast.forwarders:  # some procs of this job are on hosts run by agents
             multicast.send(dests, key, name, port_spec, extent, bodies, gather)
         else:
             for rank, address in dests:

@@ -214,6 +214,10 @@ class ActorInstance:
                 )
                 self._stopped(None)
 
+    def post_message(self, header: dict, bodies: list | tuple[tuple, dict]) -> None:
+        """Queue a message: its pickled bodies, or (args, kwargs) as they are from this process."""
+        self.put((MESSAGE, header, bodies))
+
     def put(self, item: tuple) -> None:
         """Queue a message, stop or supervision event in this actor's mailbox, run in arrival order."""
         q = self._queue
@@ -345,7 +349,7 @@ class ActorInstance:
             self._fail(e, "__init__")
 
     def _begin(
-        self, header: dict, bodies: list
+        self, header: dict, bodies: list | tuple[tuple, dict]
     ) -> tuple[Callable[..., Any] | None, Any, Any, Port[Any] | None, bool]:
         """Decode a message; returns (function, args, kwargs, reply port, explicit_port)."""
         labels, sizes = header[EXTENT]
@@ -360,12 +364,15 @@ class ActorInstance:
             return None, None, None, None, False
         prop = self._endpoints.get(name)
         try:
-            self._decoding = True
-            try:
-                args, kwargs = payload.loads(bodies)
-            finally:
-                self._decoding = False
-            bodies.clear()  # the arguments own their buffers now; see _handle_sync
+            if isinstance(bodies, tuple):  # immutable arguments from this process, as they are
+                args, kwargs = bodies
+            else:
+                self._decoding = True
+                try:
+                    args, kwargs = payload.loads(bodies)
+                finally:
+                    self._decoding = False
+                bodies.clear()  # the arguments own their buffers now; see _handle_sync
             if prop is not None:
                 fn, explicit = prop.method, prop.explicit_response_port
             else:
@@ -388,7 +395,7 @@ class ActorInstance:
         done, self._message_done = self._message_done, None
         return done
 
-    def _handle_sync(self, header: dict, bodies: list) -> None:
+    def _handle_sync(self, header: dict, bodies: list | tuple[tuple, dict]) -> None:
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)
         done = self._take_message_done()
         if fn is None:
@@ -412,7 +419,7 @@ class ActorInstance:
         finally:
             _run_callbacks(done)
 
-    async def _handle_async(self, header: dict, bodies: list) -> None:
+    async def _handle_async(self, header: dict, bodies: list | tuple[tuple, dict]) -> None:
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)
         done = self._take_message_done()
         if fn is None:

@@ -169,7 +169,16 @@ class Port(Generic[R]):
     def _post(self, obj: Any, flags: int) -> None:
         if self._port_id == 0:
             return  # a dropping port (no reply expected)
-        runtime().send(self._address, port_value(self._port_id, self._rank, flags), payload.dumps(obj))
+        rt = runtime()
+        if self._address == rt.address and payload.needs_no_copy(obj):
+            # To a receiver in this process, an immutable value goes as it is, from this thread.
+            handler = _handlers.get(self._port_id)
+            if handler is None:
+                return  # receiver gone, as for a frame (see handle_port_frame)
+            if not handler.raw_frames:
+                handler.deliver(self._rank, obj, bool(flags & FLAG_EXCEPTION))
+                return
+        rt.send(self._address, port_value(self._port_id, self._rank, flags), payload.dumps(obj))
 
     def reply_to(self) -> list[Any]:
         """Internal: ``[process address, port id]``, the reply-port field of a message header."""

@@ -146,6 +146,33 @@ def _is_plain(obj: Any, depth: int = 0) -> bool:
     return False
 
 
+#: Types whose values cannot change once made (``bytes`` included, whatever its size).
+_IMMUTABLE = _SCALARS | {bytes}
+
+
+def needs_no_copy(obj: Any, depth: int = 0) -> bool:
+    """Whether ``obj`` is made only of immutable builtins (scalars, ``str``, ``bytes``, and
+    small tuples of those), so that a message inside this process may carry it as it is: a
+    pickled copy could not be told apart from it, and neither side can change it under the other."""
+    t = type(obj)
+    if t in _IMMUTABLE:
+        return True
+    return (
+        t is tuple
+        and depth < 3
+        and len(obj) <= 16
+        and all(type(x) in _IMMUTABLE or needs_no_copy(x, depth + 1) for x in obj)
+    )
+
+
+def call_needs_no_copy(args: tuple, kwargs: dict) -> bool:
+    """``needs_no_copy`` for a call's arguments (the keyword dict itself is the callee's own)."""
+    for a in args:
+        if type(a) not in _IMMUTABLE and not needs_no_copy(a):
+            return False
+    return not kwargs or all(needs_no_copy(v) for v in kwargs.values())
+
+
 def dumps_call(args: tuple, kwargs: dict) -> list[Any]:
     """``dumps((args, kwargs))``, fastest for the common call with a few scalar arguments."""
     if not kwargs and len(args) <= 8:
