@@ -5,9 +5,9 @@ and the receiving actor sees the same hosts."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
+from helpers import record_loop_gaps
 
 from monarch.actor import Actor, endpoint, hosts_from_config, this_host
 
@@ -33,18 +33,10 @@ async def test_sending_hosts_still_attaching_from_a_coroutine_raises_without_blo
     await holder.initialized
     gaps: list[float] = []
 
-    async def tick() -> None:
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(0.01)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
-
-    ticker = asyncio.ensure_future(tick())
+    ticker = asyncio.ensure_future(record_loop_gaps(gaps))
     hosts = hosts_from_config("MONARCH_TEST_HOSTS")
     try:
-        await asyncio.sleep(0.05)  # the ticker runs before the send (its first gap is measured)
+        await asyncio.sleep(0)  # the ticker starts, so that a blocked loop shows in its first gap
         with pytest.raises(RuntimeError, match="still attaching") as info:
             await holder.agents.call_one(hosts)
         assert "HINT: `await host_mesh.initialized`" in str(info.value)

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 from helpers import REPO
-from tcp_helpers import make_certs
+from tcp_helpers import tls_env
 
 #: Spawns one proc with argv[2]'s environment overrides on transport argv[1], calls it, prints
 #: RESULT with the error and how long the call took.
@@ -49,19 +49,6 @@ SCRIPT = textwrap.dedent(
 )
 
 NO_TLS = {"MONARCH_TLS_CERT": "", "MONARCH_TLS_KEY": "", "MONARCH_TLS_CA": ""}
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return make_certs(tmp_path_factory.mktemp("certs"))
-
-
-def tls_env(certs: dict[str, str], who: str = "node") -> dict[str, str]:
-    return {
-        "MONARCH_TLS_CERT": certs[f"{who}.pem"],
-        "MONARCH_TLS_KEY": certs[f"{who}.key"],
-        "MONARCH_TLS_CA": certs["ca"],
-    }
 
 
 def call_across(transport: str, client_env: dict[str, str], worker_env: dict[str, str]) -> dict:
