@@ -73,6 +73,19 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
     return wait_while(lambda: running(pids), timeout)
 
 
+async def record_loop_gaps(gaps: list[float]) -> None:
+    """Tick every 10 ms until cancelled, appending the time since the last tick to ``gaps``: a
+    long gap shows that something blocked the running event loop."""
+    import asyncio
+
+    last = time.monotonic()
+    while True:
+        await asyncio.sleep(0.01)
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 

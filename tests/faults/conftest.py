@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from monarch.actor import MeshFailure
+
 
 @pytest.fixture
 def short_tmpdir() -> Iterator[Path]:
@@ -17,3 +19,13 @@ def short_tmpdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="m-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def faults(monkeypatch: pytest.MonkeyPatch) -> list[MeshFailure]:
+    """Every failure that reached the client's root (in place of ``unhandled_fault_hook``)."""
+    import monarch.actor
+
+    seen: list[MeshFailure] = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", seen.append)
+    return seen

@@ -36,15 +36,9 @@ STOP_BOUND_S = 1.0
 
 
 @pytest.fixture
-def faults(monkeypatch: pytest.MonkeyPatch) -> list[MeshFailure]:
-    """No stop in this file is a fault: anything reaching the client's hook fails the test."""
-    seen: list[MeshFailure] = []
-    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", seen.append)
-    return seen
-
-
-@pytest.fixture
 def procs(faults: list[MeshFailure], monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Two procs; no stop in this file is a fault: anything reaching the client's hook (see
+    ``faults``) fails the test."""
     monkeypatch.setattr(CONFIG, "actor_stop_timeout_s", STOP_BOUND_S, raising=False)
     monkeypatch.setenv("MONARCH_CLEANUP_TIMEOUT_S", "1")  # read by the workers
     pm = this_host().spawn_procs(per_host={"gpus": 2})

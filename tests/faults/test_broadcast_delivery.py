@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from helpers import wait_until
 
-import monarch.actor
 from monarch._src.actor.actor_mesh import ActorMesh
 from monarch.actor import Actor, ActorError, MeshFailure, SupervisionError, endpoint, this_host
 
@@ -25,14 +24,6 @@ pytestmark = pytest.mark.timeout(60)
 
 DEADLINE_S = 15.0
 CLIENT_PID = os.getpid()
-
-
-@pytest.fixture
-def faults(monkeypatch: pytest.MonkeyPatch) -> list[MeshFailure]:
-    """Every failure that reached the client's root (in place of ``unhandled_fault_hook``)."""
-    seen: list[MeshFailure] = []
-    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", seen.append)
-    return seen
 
 
 def wait_for_fault(faults: list[MeshFailure], mesh_name: str) -> MeshFailure:

@@ -12,7 +12,7 @@ from pathlib import Path
 import netns
 import pytest
 from helpers import REPO, TESTS, wait_until
-from tcp_helpers import ClusterAgents
+from tcp_helpers import ClusterAgents, make_certs
 
 
 @pytest.fixture(scope="session")
@@ -97,3 +97,9 @@ def cluster2_agents(cluster2: netns.Cluster, tmp_path: Path) -> Iterator[Cluster
     for agent in agents.procs:
         if agent.poll() is None:
             agent.send_signal(signal.SIGCONT)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """TLS files made for the test (see ``tcp_helpers.make_certs``)."""
+    return make_certs(tmp_path_factory.mktemp("certs"))

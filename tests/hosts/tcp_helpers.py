@@ -107,6 +107,15 @@ def make_certs(folder: Path) -> dict[str, str]:
     return {"ca": str(folder / "ca.pem"), **{n: str(folder / n) for n in names}}
 
 
+def tls_env(certs: dict[str, str], who: str = "node") -> dict[str, str]:
+    """The environment that gives a process ``who``'s certificate (of ``make_certs``)."""
+    return {
+        "MONARCH_TLS_CERT": certs[f"{who}.pem"],
+        "MONARCH_TLS_KEY": certs[f"{who}.key"],
+        "MONARCH_TLS_CA": certs["ca"],
+    }
+
+
 def worker_log(pid: int) -> str:
     """The framework log of worker ``pid`` of this test client's job ("" before its first record)."""
     from monarch._src.runtime import framework_log

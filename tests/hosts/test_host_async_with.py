@@ -9,12 +9,11 @@ awaits the shutdown. A task of the same loop keeps ticking throughout, and no bl
 from __future__ import annotations
 
 import asyncio
-import time
 import warnings
 
 import pytest
 from actors import Pid
-from helpers import wait_gone
+from helpers import record_loop_gaps, wait_gone
 
 from monarch._src.actor import future as future_module
 from monarch.actor import hosts_from_config
@@ -32,16 +31,7 @@ async def test_async_with_hosts_and_spawn_procs_keep_the_loop_responsive(
     monkeypatch.setattr(future_module, "_warned_in_loop", False)  # it warns once per process
     monkeypatch.setenv("MONARCH_TEST_HOSTS", "local:2")
     gaps: list[float] = []
-
-    async def tick() -> None:
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(0.01)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
-
-    ticker = asyncio.ensure_future(tick())
+    ticker = asyncio.ensure_future(record_loop_gaps(gaps))
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 from helpers import REPO, wait_until
-from tcp_helpers import make_certs, recv_exactly
+from tcp_helpers import recv_exactly, tls_env
 
 from monarch._src.transport import tls
 from monarch._src.transport.address import TcpAddress, parse
@@ -65,19 +65,6 @@ SCRIPT = textwrap.dedent(
 
 
 IDLE_STRANGERS = 1000
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return make_certs(tmp_path_factory.mktemp("certs"))
-
-
-def tls_env(certs: dict[str, str], who: str = "node") -> dict[str, str]:
-    return {
-        "MONARCH_TLS_CERT": certs[f"{who}.pem"],
-        "MONARCH_TLS_KEY": certs[f"{who}.key"],
-        "MONARCH_TLS_CA": certs["ca"],
-    }
 
 
 def start_client(

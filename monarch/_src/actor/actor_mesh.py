@@ -105,7 +105,9 @@ class ActorMesh(MeshTrait, Generic[T]):
     # -- lifecycle ----------------------------------------------------------------------------
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
-        """Stop these actors after they drain the messages already sent; runs ``__cleanup__``."""
+        """Stop these actors after they drain the messages already sent; runs ``__cleanup__``.
+        Fails ``MONARCH_ACTOR_STOP_TIMEOUT_S`` after the stop naming the ranks still running
+        something, and 2 s later those whose process did not answer at all (frozen)."""
         from monarch._src.actor.proc_mesh import stop_actors  # proc meshes are made of actor meshes
 
         ref = self._ref

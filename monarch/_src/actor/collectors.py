@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from monarch._src.actor import supervision
 from monarch._src.actor.errors import SupervisionError
 from monarch._src.actor.future import (
     Future,
@@ -83,18 +84,26 @@ class StopCollector(PortHandler):
 
     A rank that could not stop in time answers with an exception saying what it is still
     running; the Future then fails with every such rank listed. Should a rank not answer at
-    all (its process wedged), the Future fails ``grace_s`` after the bound, naming it.
+    all (its process frozen or wedged), the Future fails ``grace_s`` after the bound, naming it.
+    When a process dies, only its ranks count as stopped; when a connection with a live one
+    closes, the stop or its acknowledgement may be lost with it, so the ranks that have not
+    answered are sent the stop again (``resend``): stopping an actor twice is harmless, and an
+    actor that is gone acknowledges at once.
     """
 
-    def __init__(self, count: int, mesh_name: str, timeout: float) -> None:
+    def __init__(
+        self, addresses: list[str], mesh_name: str, timeout: float, resend: Callable[[list[int]], None]
+    ) -> None:
         self.future: Future[None] = pending_future()
         self._mesh_name = mesh_name
         self._timeout = timeout
-        self._pending = set(range(count))
+        self._rank_addresses = addresses
+        self._resend = resend
+        self._pending = set(range(len(addresses)))
         self._problems: dict[int, str] = {}
         self._lock = threading.Lock()
         self.open()
-        if count == 0:
+        if not addresses:
             self.close()
             set_result(self.future, None)
 
@@ -110,10 +119,20 @@ class StopCollector(PortHandler):
             self._finish()
 
     def fail(self, exc: BaseException) -> None:
-        """A process went away: its ranks are stopped; the others still answer."""
+        """A process went away (its ranks are stopped), or a connection with one closed."""
         with self._lock:
-            self._pending.clear()
-        self._finish()
+            if not self._pending:
+                return
+            dead = supervision.dead_processes
+            gone = {rank for rank in self._pending if self._rank_addresses[rank] in dead}
+            self._pending -= gone
+            waiting = sorted(self._pending)
+        if not waiting:
+            self._finish()
+            return
+        if not gone:  # a live process: the stop or its acknowledgement may be lost
+            self._resend(waiting)
+        self.expect_from({self._rank_addresses[rank] for rank in waiting})  # (no longer all)
 
     def overdue(self) -> None:
         """Past the bound and its grace: the ranks that never answered are reported too."""
@@ -121,7 +140,10 @@ class StopCollector(PortHandler):
             if not self._pending:
                 return
             for rank in self._pending:
-                self._problems[rank] = "it did not answer the stop (its process may be unresponsive)"
+                self._problems[rank] = (
+                    "its process did not answer the stop: it is frozen (SIGSTOP, a debugger) or "
+                    "its event loop is blocked; ProcMesh.stop() kills such a process"
+                )
             self._pending.clear()
         self._finish()
 

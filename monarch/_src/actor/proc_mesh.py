@@ -93,14 +93,18 @@ def stop_actors(key: str, addresses: list[str], label: str = "mesh") -> Future[N
 
     rt = runtime()
     timeout = CONFIG.actor_stop_timeout_s
-    collector = StopCollector(len(addresses), label, timeout)
+
+    def send(ranks: list[int]) -> None:
+        for i in ranks:
+            header = protocol.stop_actor(key, spec, i, timeout)
+            multicast.stamp(addresses[i], header)  # after the messages sent before it, whatever their path
+            rt.send(addresses[i], header, [])
+
+    collector = StopCollector(addresses, label, timeout, send)
     collector.label = f"{label}.stop"
     collector.expect_from(addresses)
     spec = [rt.address, collector.port_id]
-    for i, address in enumerate(addresses):
-        header = protocol.stop_actor(key, spec, i, timeout)
-        multicast.stamp(address, header)  # after the messages sent before it, whatever their path
-        rt.send(address, header, [])
+    send(list(range(len(addresses))))
     if addresses:
         rt.loop_thread.call_soon(rt.loop.call_later, timeout + STOP_ANSWER_GRACE_S, collector.overdue)
     return collector.future

@@ -71,8 +71,10 @@ class Host:
     """One machine of a ``HostMesh``, reached through a host agent.
 
     ``session`` resolves to the address of this job's session there. Pickles as a reference
-    to that session (waiting for it if the host is still attaching), so an actor given the
-    host mesh spawns procs on that machine too.
+    to that session, so an actor given the host mesh spawns procs on that machine too. While
+    the host is still attaching, pickling waits for it, except in a coroutine: blocking its
+    loop would hold up everything else on it (and on the runtime's loop, the attachment
+    itself), so it raises there, saying what to await first.
     """
 
     __slots__ = ("agent", "session", "spare")
@@ -93,6 +95,12 @@ class Host:
         return self.session.get(timeout=CONFIG.host_attach_timeout_s + 1.0)
 
     def __reduce__(self) -> Any:
+        if not self.session.done() and _in_coroutine():
+            raise RuntimeError(
+                f"a HostMesh cannot be sent to another process while its host {self.agent} is "
+                "still attaching, and waiting for it here would block this coroutine's event loop\n"
+                "HINT: `await host_mesh.initialized` (or enter `async with host_mesh:`) first."
+            )
         return (host_reference, (self.agent, self.session_address()))
 
     def __eq__(self, other: object) -> bool:

@@ -7,6 +7,11 @@ crosses the wire. The exchange, with fresh 32-byte nonces on each side:
     server -> client   MAGIC VERSION nonce_s                      (37 bytes)
     client -> server   nonce_c HMAC(secret, "C" nonce_s nonce_c)  (64 bytes)
     server -> client   HMAC(secret, "S" nonce_c nonce_s)          (32 bytes)
+
+The client sends its nonce as soon as it is connected, without waiting for the challenge (the
+server reads the 64 bytes either way): so a plaintext client always speaks first, and a TLS
+listener, which waits for a TLS ClientHello, can tell it at once that it speaks TLS only
+(``TLS_ONLY``) instead of both sides waiting for the other until a timeout.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ DIGEST_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + 1 + NONCE_BYTES
 CLIENT_PROOF_BYTES = NONCE_BYTES + DIGEST_BYTES
 SERVER_PROOF_BYTES = DIGEST_BYTES
+#: What a TLS listener answers a client that speaks plaintext, before it hangs up (one line).
+TLS_ONLY = MAGIC[:3] + b"T this listener accepts TLS connections only\n"
 
 
 class HandshakeError(Exception):
@@ -53,7 +60,12 @@ def parse_challenge(data: bytes) -> bytes:
 
 
 def client_proof(secret: bytes, nonce_s: bytes, nonce_c: bytes) -> bytes:
-    return nonce_c + hmac.digest(secret, b"C" + nonce_s + nonce_c, hashlib.sha256)
+    return nonce_c + client_digest(secret, nonce_s, nonce_c)
+
+
+def client_digest(secret: bytes, nonce_s: bytes, nonce_c: bytes) -> bytes:
+    """The second half of the client's proof (its nonce, the first half, went out before)."""
+    return hmac.digest(secret, b"C" + nonce_s + nonce_c, hashlib.sha256)
 
 
 def check_client_proof(secret: bytes, nonce_s: bytes, data: bytes) -> bytes:

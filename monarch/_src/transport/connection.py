@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from typing import Any, cast
 
-from monarch._src.transport import auth
+from monarch._src.transport import auth, tls
 from monarch._src.wire.frame import (
     BODY_LENGTHS,
     MAX_HEADER_BYTES,
@@ -324,7 +324,15 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self.on_frame(header, bodies)
 
     def _auth_step(self, data: bytes) -> None:
-        nonce_c = auth.check_client_proof(self._secret, self._nonce_s, data)
+        try:
+            nonce_c = auth.check_client_proof(self._secret, self._nonce_s, data)
+        except auth.HandshakeError:
+            if data[0] == tls.HANDSHAKE_RECORD:  # the client's first bytes were a ClientHello
+                raise auth.HandshakeError(
+                    "a client started a TLS handshake, but this process listens without TLS: "
+                    f"TLS is configured on one side only\n{tls.HINT}"
+                ) from None
+            raise
         self.transport.write(auth.server_proof(self._secret, nonce_c, self._nonce_s))  # type: ignore[union-attr]
         self.authenticated = True
         self._state, self._need = _PREFIX, PREFIX_SIZE

@@ -12,7 +12,9 @@ descriptors, while a real peer, whose handshake takes one round trip, still gets
 A TCP listener (see ``address``) works the same way, with Nagle's algorithm off on each
 connection, and with TLS (see ``tls``) when it is given a context: the TLS handshake runs
 first, bounded by ``HANDSHAKE_TIMEOUT_S`` and counted among the pending handshakes, and the
-HMAC handshake then runs inside TLS.
+HMAC handshake then runs inside TLS. A client whose first byte does not start a TLS record (a
+monarch client without TLS sends its nonce first) is told ``auth.TLS_ONLY`` and dropped, so it
+fails at once rather than both sides waiting for the other; nothing it sent is decoded.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import socket
 import ssl
 from collections.abc import Callable
 
-from monarch._src.transport import auth
+from monarch._src.transport import auth, tls
 from monarch._src.transport.connection import HANDSHAKE_TIMEOUT_S, IncomingConnection
 
 logger = logging.getLogger("monarch.transport")
@@ -124,15 +126,37 @@ class Listener:
         try:
             if self._tls is None:
                 await self._loop.connect_accepted_socket(lambda: conn, conn_sock)
-            else:
+            elif await asyncio.wait_for(self._starts_tls(conn_sock), HANDSHAKE_TIMEOUT_S):
                 await self._loop.connect_accepted_socket(
                     lambda: conn, conn_sock, ssl=self._tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
                 )
-        except OSError as e:  # under TLS: no valid certificate, or no handshake in time
+            else:
+                conn_sock.close()
+                conn.abort(auth.HandshakeError("a client without TLS connected: told it TLS is required"))
+        except (OSError, asyncio.TimeoutError) as e:  # under TLS: no valid certificate, or too slow
             conn_sock.close()
             conn.abort(e)
         except asyncio.CancelledError:  # evicted during its TLS handshake
             conn_sock.close()
+
+    async def _starts_tls(self, conn_sock: socket.socket) -> bool:
+        """Whether the client's first byte starts a TLS record; if not, what it sent is
+        discarded and it is told ``auth.TLS_ONLY`` (the connection is still to be closed)."""
+        readable: asyncio.Future[None] = self._loop.create_future()
+        fd = conn_sock.fileno()
+        self._loop.add_reader(fd, _set_once, readable)
+        try:
+            await readable
+        finally:
+            self._loop.remove_reader(fd)
+        first = conn_sock.recv(1, socket.MSG_PEEK)
+        if not first:
+            raise ConnectionResetError("the client hung up before its TLS handshake")
+        if first[0] == tls.HANDSHAKE_RECORD:
+            return True
+        conn_sock.recv(auth.CLIENT_PROOF_BYTES)  # read, so that closing sends a FIN, not a reset
+        conn_sock.send(auth.TLS_ONLY)
+        return False
 
     def _evict(self) -> None:
         """Forget connections that authenticated or closed; drop the oldest still waiting."""
@@ -153,3 +177,8 @@ class Listener:
             oldest.abort(
                 auth.HandshakeError("dropped: too many connections waiting for the handshake"), log=False
             )
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

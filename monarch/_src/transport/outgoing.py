@@ -9,7 +9,13 @@ before it completes wait in the queue.
 
 The peer is a Unix socket or a TCP one (``address``; Nagle's algorithm off). Under TLS (``tls``)
 the socket is an ``ssl.SSLSocket`` that encrypts in the writing thread: the TLS handshake comes
-first, and a failed one is final (``TlsError``: certificates do not change by retrying).
+first, and a failed one is final (``TlsError``: certificates do not change by retrying). So is
+TLS on one side only, which either side tells at once: a plain listener answers a ClientHello
+with its plaintext challenge, and a TLS listener answers a plaintext client's nonce with
+``auth.TLS_ONLY``. A TLS 1.3 server checks the client's certificate after the client finished
+its handshake, and refuses one by hanging up (no alert reaches the client): a peer that does so
+``TLS_HANGUPS_BEFORE_FAILING`` times in a row, each right after the TLS handshake, has refused
+this process's certificate.
 
 A peer that cannot be reached yet (its listener's backlog is full, it is out of descriptors,
 this process is) is retried with backoff, its frames kept in order, for up to
@@ -58,6 +64,10 @@ TAG_RECORD = 1024
 #: While a thread is still corking, the loop leaves the writing to it and looks again this much
 #: later (writing from two threads at once makes each wait on the other's lock).
 CORK_RECHECK_S = 1e-3
+#: A TLS peer that hangs up this many times in a row right after the TLS handshake, before its
+#: challenge, refuses this process's certificate (once could be a listener dropping the oldest
+#: of too many pending handshakes).
+TLS_HANGUPS_BEFORE_FAILING = 3
 
 
 class PeerGoneError(ConnectionRefusedError):
@@ -99,6 +109,8 @@ class OutgoingConnection:
         #: TLS for a TCP peer when configured; None: the socket carries plaintext.
         self._tls = tls if isinstance(self._address, TcpAddress) else None
         self._tls_done = False
+        #: Consecutive attempts the TLS peer hung up on right after the TLS handshake.
+        self._tls_hangups = 0
         self._secret = secret
         self._on_close = on_close
         #: Run (on the loop thread) once the handshake completes.
@@ -310,8 +322,10 @@ class OutgoingConnection:
             if self._tls is not None:
                 self._sock = sock = self._tls.wrap_socket(sock, do_handshake_on_connect=False)
                 self._tls_step()
-                if self.closed or self._sock is not sock:  # failed: closed, or to be retried
-                    return
+            else:
+                self._send_nonce()
+            if self.closed or self._sock is not sock:  # failed: closed, or to be retried
+                return
             self._loop.add_reader(sock.fileno(), self._readable)
             return
         # Listening sockets are bound before their process starts: a refusal means the process
@@ -331,12 +345,25 @@ class OutgoingConnection:
             self._loop.add_writer(sock.fileno(), self._tls_writable)
             return
         except ssl.SSLError as e:
-            self._fail(TlsError(f"TLS handshake with {self.name} failed: {e}\n{TLS_HINT}"))
+            if e.reason == "WRONG_VERSION_NUMBER":  # what OpenSSL makes of a plaintext answer
+                why = "it answered in plaintext: TLS is configured on this side only"
+            else:
+                why = str(e)
+            self._fail(TlsError(f"TLS handshake with {self.name} failed: {why}\n{TLS_HINT}"))
             return
         except OSError as e:
             self._lost(e)
             return
         self._tls_done = True
+        self._send_nonce()
+
+    def _send_nonce(self) -> None:
+        """Send the first half of the client's proof, which needs no challenge (see ``auth``)."""
+        self._nonce_c = auth.new_nonce()
+        try:
+            self._sock.send(self._nonce_c)  # type: ignore[union-attr]  # an empty socket takes it
+        except OSError as e:
+            self._lost(e)
 
     def _tls_writable(self) -> None:
         if self._sock is not None:
@@ -357,7 +384,7 @@ class OutgoingConnection:
         self._last_error = error
         self._close_socket()
         self._handshake.clear()
-        self._nonce_s = b""
+        self._nonce_s = self._nonce_c = b""
         self._tls_done = False
         self._loop.call_later(self._retry_delay, lambda: self._loop.create_task(self._attempt()))
         self._retry_delay = min(2 * self._retry_delay, RETRY_MAX_S)
@@ -387,21 +414,45 @@ class OutgoingConnection:
             self._fail(TlsError(f"TLS with {self.name} failed: {e}\n{TLS_HINT}"))
             return
         except OSError as e:
-            self._lost(e)
+            self._hung_up(e)
             return
         if not data:
-            self._lost(ConnectionResetError(f"connection {self.name} closed by peer"))
+            self._hung_up(ConnectionResetError(f"connection {self.name} closed by peer"))
             return
         if self.authenticated:
             self._fail(auth.HandshakeError(f"peer {self.name} sent data on a send-only connection"))
             return
         self._handshake += data
+        if not self._nonce_s and self._handshake[:4] == auth.TLS_ONLY[:4]:
+            self._fail(
+                TlsError(
+                    f"{self.name} accepts TLS connections only, and this process has no TLS "
+                    f"settings: TLS is configured on one side only\n{TLS_HINT}"
+                )
+            )
+            return
         try:
             self._handshake_step()
         except auth.HandshakeError as e:
             self._fail(e)
         except OSError as e:  # the peer went away while we answered its challenge
             self._retry(e)
+
+    def _hung_up(self, error: OSError) -> None:
+        """The peer closed the connection: under TLS, right after the TLS handshake and more
+        than once in a row, that is its refusal of this process's certificate."""
+        if self._tls_done and not self.authenticated and not self._nonce_s:
+            self._tls_hangups += 1
+            if self._tls_hangups >= TLS_HANGUPS_BEFORE_FAILING:
+                self._fail(
+                    TlsError(
+                        f"{self.name} hung up right after the TLS handshake, {self._tls_hangups} "
+                        "times in a row: it refuses this process's certificate (not signed by "
+                        f"the CA it trusts, or expired)\n{TLS_HINT}"
+                    )
+                )
+                return
+        self._lost(error)
 
     def _recv(self) -> bytes:
         """What the peer sent (b"" at its end); BlockingIOError if nothing yet."""
@@ -430,8 +481,8 @@ class OutgoingConnection:
             challenge = bytes(self._handshake[: auth.CHALLENGE_BYTES])
             del self._handshake[: auth.CHALLENGE_BYTES]
             self._nonce_s = auth.parse_challenge(challenge)
-            self._nonce_c = auth.new_nonce()
-            self._sock.sendall(auth.client_proof(self._secret, self._nonce_s, self._nonce_c))  # type: ignore[union-attr]
+            self._tls_hangups = 0
+            self._sock.sendall(auth.client_digest(self._secret, self._nonce_s, self._nonce_c))  # type: ignore[union-attr]
         if len(self._handshake) < auth.SERVER_PROOF_BYTES:
             return
         if len(self._handshake) > auth.SERVER_PROOF_BYTES:

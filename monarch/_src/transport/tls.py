@@ -20,6 +20,8 @@ from typing import Any
 #: Plaintext of small buffers is joined up to this size before it is encrypted, so a frame
 #: (prefix, header, small body) becomes one TLS record, not three.
 COALESCE_BYTES = 16 * 1024
+#: The first byte of a TLS handshake record, which a TLS client's first message starts with.
+HANDSHAKE_RECORD = 0x16
 
 HINT = (
     "HINT: every process of the job needs a certificate signed by the CA that the others trust "
