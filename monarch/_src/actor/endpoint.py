@@ -253,8 +253,7 @@ class ActorEndpoint(Generic[R]):
         # told apart from them); anything else travels pickled, so the callee gets a copy.
         as_is = (
             len(dests) == 1
-            and dests[0][1] == rt.address
-            and not multicast.forwarders
+            and dests[0][1] == rt.address  # never behind a forwarder: no sequence number to stamp
             and payload.call_needs_no_copy(args, kwargs)
         )
         bodies: list[Any] | None
