@@ -269,7 +269,7 @@ class ActorEndpoint(Generic[R]):
                 pickling_for.reset(pickling)
         port_spec: list[Any] | None
         if reply is not None:
-            port_spec = [rt.address, reply.port_id]
+            port_spec = [rt.reply_address(), reply.port_id]
             remote = [a for _, a in dests if a != rt.address]
             if remote:  # this process cannot die without the caller; others can
                 if multicast.forwarders:  # a message (or its replies) may pass through them
