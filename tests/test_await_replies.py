@@ -140,6 +140,28 @@ def test_call_pending_when_its_loop_ends_still_gets_its_reply(procs1):
             loop.close()
 
 
+@pytest.mark.timeout(60)
+def test_loop_blocked_in_a_join_does_not_keep_its_replies_from_other_threads(procs1):
+    gate = procs1.spawn("gate", Gate)
+
+    async def main() -> object:
+        await gate.release.call_one()  # the worker reaches this loop's address
+        fresh = procs1.spawn("fresh", Gate)
+        pending = fresh.wait.call_one()
+        got: list = []
+
+        def other_thread() -> None:
+            fresh.release.call_one().get(timeout=10)
+            got.append(pending.get(timeout=10))
+
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join(20)  # this loop's thread blocks, not in Future.get()
+        return got
+
+    assert asyncio.run(main()) == ["done"]
+
+
 async def _call_in_loop(gate: object) -> object:
     return gate.wait.call_one()  # type: ignore[attr-defined]
 

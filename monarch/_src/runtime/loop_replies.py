@@ -131,7 +131,7 @@ class LoopReplies:
                 lent.end_sentinel()
                 self.give_back(loop)
             else:
-                lent.settle()
+                lent.check()
         with self._lock:
             self._watching = bool(self._lent) and not self._rt.closed
             if not self._watching:
@@ -169,6 +169,9 @@ class _ReplyAddress:
         self._holder: asyncio.AbstractEventLoop | None = None
         #: Threads of the holder blocked in ``Future.get()`` right now.
         self._blocked = 0
+        #: A pulse sent to the holder has not run yet; it had not at the last check either.
+        self._pulse_pending = False
+        self._stuck = False
         #: Authenticated connections, and the ones still in their handshake.
         self._readers: dict[IncomingConnection, SocketReader] = {}
         self._ready: set[SocketReader] = set()
@@ -181,6 +184,7 @@ class _ReplyAddress:
     def lend_to(self, loop: asyncio.AbstractEventLoop, sentinel: AsyncGenerator[None, None]) -> None:
         with self._lock:
             self._holder = loop
+            self._pulse_pending = self._stuck = False
             ready = list(self._ready)
         for reader in ready:
             reader.watch(loop)
@@ -232,11 +236,35 @@ class _ReplyAddress:
 
     # -- the runtime's loop -----------------------------------------------------------------------
 
+    def check(self) -> None:
+        """(every ``WATCH_S``) A holder that did not run a callback sent a check ago is stuck
+        (not running, or its thread blocked in anything but ``Future.get``): read for it."""
+        holder = self._holder
+        if holder is None:
+            return
+        self._stuck = self._pulse_pending
+        if not self._pulse_pending:
+            self._pulse_pending = True
+            try:
+                holder.call_soon_threadsafe(self._pulse)
+            except RuntimeError:  # closed: the next check gives the address back
+                pass
+        self.settle()
+
+    def _pulse(self) -> None:
+        self._pulse_pending = False
+
     def settle(self) -> None:
         """Watch from the runtime's loop every connection its holder may not read now."""
         rt_loop = self._rt.loop
         holder = self._holder
-        helping = holder is None or self._blocked > 0 or holder.is_closed() or not holder.is_running()
+        helping = (
+            holder is None
+            or self._blocked > 0
+            or self._stuck
+            or holder.is_closed()
+            or not holder.is_running()
+        )
         for reader in list(self._readers.values()):
             if helping or reader not in self._ready or not reader.watched_by(holder):  # type: ignore[arg-type]
                 reader.watch(rt_loop)
