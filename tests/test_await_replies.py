@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import uvloop
 from actors import Gate, Pid
 
 import monarch.actor
@@ -62,7 +63,8 @@ def open_ports() -> int:
 
 
 @pytest.mark.timeout(60)
-def test_awaited_reply_is_read_by_the_awaiting_loop(procs2):
+@pytest.mark.parametrize("run", ["asyncio", "uvloop"])
+def test_awaited_reply_is_read_by_the_awaiting_loop(procs2, run):
     echo = procs2.spawn("echo", AsyncEcho)
     one = echo.slice(gpus=0)
 
@@ -74,7 +76,7 @@ def test_awaited_reply_is_read_by_the_awaiting_loop(procs2):
             many = await asyncio.wait_for(asyncio.gather(*(one.echo.call_one(i) for i in range(200))), 10)
         return [single, list(gathered.values()), many]
 
-    single, gathered, many = asyncio.run(main())
+    single, gathered, many = asyncio.run(main()) if run == "asyncio" else uvloop.run(main())
     assert single == 1
     assert gathered == [2, 2]
     assert many == list(range(200))
@@ -114,15 +116,14 @@ def test_two_loops_on_two_threads_await_at_once(procs2):
 @pytest.mark.timeout(60)
 def test_call_pending_when_its_loop_ends_still_gets_its_reply(procs1):
     gate = procs1.spawn("gate", Gate)
+    pids = procs1.spawn("pid", Pid)
 
     async def start() -> object:
-        await gate.release.call_one()  # the worker connects to this loop's address first
-        gate_fresh = procs1.spawn("gate2", Gate)
-        pending = gate_fresh.wait.call_one()
-        await gate_fresh.release.call_one()  # its reply, and that of `pending`, are on the way
-        return gate_fresh, pending
+        await pids.pid.call_one()  # the worker connects to this loop's address first
+        return gate.wait.call_one()
 
-    gate2, pending = asyncio.run(start())  # the loop closes with `pending` possibly unread
+    pending = asyncio.run(start())  # the loop ends with the call pending
+    gate.release.call_one().get(timeout=10)  # only now is its reply sent
     assert pending.get(timeout=10) == "done"
 
     # A loop closed without shutting down its async generators, and one left idle.
@@ -160,6 +161,26 @@ def test_loop_blocked_in_a_join_does_not_keep_its_replies_from_other_threads(pro
         return got
 
     assert asyncio.run(main()) == ["done"]
+
+
+@pytest.mark.timeout(60)
+def test_dropped_reply_connection_fails_the_pending_await_and_later_calls_work(procs1):
+    gate = procs1.spawn("gate", Gate)
+    pids = procs1.spawn("pid", Pid)
+
+    async def main() -> None:
+        pid = await pids.pid.call_one()  # the worker connects to this loop's address
+        pending = gate.wait.call_one()
+        lent = runtime().loop_replies._lent[asyncio.get_running_loop()]
+        conns = list(lent._readers)
+        assert len(conns) == 1
+        conns[0].abort(ConnectionResetError("dropped by the test"))
+        with pytest.raises(ConnectionError, match="still alive"):
+            await asyncio.wait_for(pending, 10)
+        assert await asyncio.wait_for(pids.pid.call_one(), 10) == pid
+        assert await gate.release.call_one() == "released"
+
+    asyncio.run(main())
 
 
 async def _call_in_loop(gate: object) -> object:

@@ -80,8 +80,8 @@ class LoopReplies:
         lent = self._lent.get(loop)
         if lent is not None:
             return lent.address
-        if not self._enabled or self._rt.closed:
-            return self._rt.address
+        if not self._enabled or self._rt.closed or getattr(loop, "_asyncgens_shutdown_called", False):
+            return self._rt.address  # (a loop shutting down would not close the sentinel)
         with self._lock:
             lent = self._free.pop() if self._free else None
         if lent is None:
