@@ -35,8 +35,8 @@ def test_gathered_replies_through_forwarders_are_read_by_the_awaiting_loop(hosts
         assert len(set(pids)) == 4
         assert sorted(await asyncio.gather(*mesh.pid.stream())) == pids
         with runtime_loop_held():
-            assert sorted((await asyncio.wait_for(mesh.pid.call(), 20)).values()) == pids
-            assert sorted(await asyncio.gather(*(asyncio.wait_for(f, 20) for f in mesh.pid.stream()))) == pids
+            assert sorted((await asyncio.wait_for(mesh.pid.call(), 3)).values()) == pids
+            assert sorted(await asyncio.gather(*(asyncio.wait_for(f, 3) for f in mesh.pid.stream()))) == pids
         victim = pids[3]
         with pytest.raises(ActorError, match="boom on the chosen rank"):
             await asyncio.wait_for(mesh.fail_on.call(victim), 20)
