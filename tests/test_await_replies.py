@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 import uvloop
 from actors import Gate, Pid
+from helpers import wait_until
 
 import monarch.actor
 from monarch._src.actor import port
@@ -176,12 +177,17 @@ def test_dropped_reply_connection_keeps_running_calls_and_later_calls_work(procs
         conns = list(lent._readers)
         assert len(conns) == 1
         conns[0].abort(ConnectionResetError("dropped by the test"))
-        # The worker reconnects to this loop's address, and its hello (told apart from that of
-        # its connection to the process's own address) says no reply was lost: the call still
-        # running there completes over the new connection.
-        assert await asyncio.wait_for(pids.pid.call_one(), 10) == pid
+        # The worker reconnects to this loop's address at once, and its hello (told apart from
+        # that of its connection to the process's own address) says no reply was lost: the call
+        # still running there completes over the new connection.
+        wait_until(
+            lambda: [c for c in lent._readers if c is not conns[0] and c.peer],
+            timeout=10,
+            what="the worker's new connection to this loop's address",
+        )
         assert await asyncio.wait_for(gate.release.call_one(), 10) == "released"
         assert await asyncio.wait_for(pending, 10) == "done"
+        assert await asyncio.wait_for(pids.pid.call_one(), 10) == pid
 
     asyncio.run(main())
 

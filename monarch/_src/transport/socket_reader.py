@@ -30,8 +30,9 @@ class SocketReader(asyncio.Transport):
         self._sock = sock
         self._fd = sock.fileno()
         self._protocol = protocol
-        #: Held while reading and delivering: one thread at a time, in socket order.
-        self._lock = threading.Lock()
+        #: Held while reading and delivering, and while ending: one thread at a time, in socket
+        #: order (reentrant: the protocol may end the connection from inside a read).
+        self._lock = threading.RLock()
         #: The loops watching the socket now (each adds and removes itself on its own thread).
         self._watchers: set[asyncio.AbstractEventLoop] = set()
         self._watch_lock = threading.Lock()
@@ -90,7 +91,7 @@ class SocketReader(asyncio.Transport):
 
     def _end(self, exc: Exception | None) -> None:
         """The connection is over: the protocol hears of it, every watcher lets the socket go."""
-        with self._watch_lock:
+        with self._lock, self._watch_lock:
             if self._ended:
                 return
             self._ended = True
@@ -99,7 +100,8 @@ class SocketReader(asyncio.Transport):
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        self._protocol.connection_lost(exc)
+        with self._lock:
+            self._protocol.connection_lost(exc)
         here = _running_loop()
         for loop in watchers:
             if loop is here or loop.is_closed():
