@@ -4,7 +4,7 @@
 
 Workloads: ``rt_sync`` (``call_one().get()``), ``rt_await`` (``await call_one()`` on an async
 endpoint, as ``bench_monarch_api.py`` measures it), ``gather``
-(``call().get()`` on 4 processes), ``outstanding`` (10,000 ``call_one`` sent, then waited for),
+(``call().get()`` on 4 processes), ``gather_await`` (``await call()`` on 4 processes), ``outstanding`` (10,000 ``call_one`` sent, then waited for),
 ``inproc`` and ``inproc_await`` (an actor of this process). Profiles the caller's thread, the
 client's loop thread and, in the worker, its loop thread and the actor's thread; prints each
 one's top entries by own time (``tottime``) per call of the workload.
@@ -102,7 +102,7 @@ def main() -> None:
     p.add_argument(
         "--workload",
         default="rt_sync",
-        choices=["rt_sync", "rt_await", "gather", "outstanding", "inproc", "inproc_await"],
+        choices=["rt_sync", "rt_await", "gather", "gather_await", "outstanding", "inproc", "inproc_await"],
     )
     p.add_argument("--n", type=int, default=5000, help="calls profiled")
     p.add_argument("--top", type=int, default=15)
@@ -114,7 +114,7 @@ def main() -> None:
         echo = this_proc().spawn("echo", Echo)
         loop_prof = None
     else:
-        procs = this_host().spawn_procs(per_host={"gpus": 4 if w == "gather" else 1})
+        procs = this_host().spawn_procs(per_host={"gpus": 4 if w.startswith("gather") else 1})
         echo = procs.spawn("echo", Echo)
         loop_prof = procs.spawn("loop_prof", LoopProf)
     target = procs.spawn("async_echo", AsyncEcho) if w == "rt_await" else echo  # type: ignore[union-attr]
@@ -139,6 +139,13 @@ def main() -> None:
     elif w == "gather":
         for i in range(n):
             echo.echo.call(i).get()
+    elif w == "gather_await":
+
+        async def gather() -> None:
+            for i in range(n):
+                await echo.echo.call(i)
+
+        asyncio.run(gather())
     else:
         for _ in range(n // 10_000):
             futs = [echo.echo.call_one(i) for i in range(10_000)]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from monarch._src.actor import log_forwarding, log_prefix, multicast, port, supervision, undelivered
 from monarch._src.actor.context import extent_of
 from monarch._src.actor.errors import SupervisionError
-from monarch._src.actor.future import set_loop_thread_probe
+from monarch._src.actor.future import set_blocking_wait_hook, set_loop_thread_probe
 from monarch._src.actor.instance import (
     MESSAGE,
     STOP,
@@ -74,6 +74,7 @@ def install(rt: Runtime) -> None:
     rt.on_frames_lost(undelivered.connection_lost)
     rt.on_replies_lost(undelivered.replies_lost)
     set_loop_thread_probe(lambda: rt.loop_thread.ident)
+    set_blocking_wait_hook(rt.loop_replies.before_blocking_wait)
     if not this_process.is_worker:
         supervision.install_sigint_wrapper()
 

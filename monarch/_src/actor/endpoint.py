@@ -269,8 +269,10 @@ class ActorEndpoint(Generic[R]):
                 pickling_for.reset(pickling)
         port_spec: list[Any] | None
         if reply is not None:
-            port_spec = [rt.address, reply.port_id]
             remote = [a for _, a in dests if a != rt.address]
+            # Replies from other processes come to the address of the loop the call is made on,
+            # which reads them itself (``loop_replies``); actors here reply without a socket.
+            port_spec = [rt.reply_address() if remote else rt.address, reply.port_id]
             if remote:  # this process cannot die without the caller; others can
                 if multicast.forwarders:  # a message (or its replies) may pass through them
                     remote += multicast.forwarders_of(remote)

@@ -41,6 +41,20 @@ def set_loop_thread_probe(probe: Callable[[], int | None]) -> None:
     _loop_thread_ident = probe
 
 
+def _nothing_to_do_before_blocking() -> Callable[[], None] | None:
+    return None
+
+
+_before_blocking_wait: Callable[[], Callable[[], None] | None] = _nothing_to_do_before_blocking
+
+
+def set_blocking_wait_hook(hook: Callable[[], Callable[[], None] | None]) -> None:
+    """Let the runtime act before a thread blocks in ``get`` (and after, through the function
+    ``hook`` returns): replies the thread's own event loop reads must be read by another meanwhile."""
+    global _before_blocking_wait
+    _before_blocking_wait = hook
+
+
 _warned_in_loop = False
 _sync_actor_thread = threading.local()
 
@@ -147,7 +161,14 @@ class Future(Generic[R]):
                 waiter = None
         if waiter is not None:
             flush_corked()  # what this thread sent in a burst may be what it is waiting for
-            ok = waiter.acquire(True, -1 if timeout is None else timeout)
+            # Replies to calls made on this thread's running loop are that loop's to read, and it
+            # is blocked here: the runtime's loop reads them meanwhile.
+            unblock = _before_blocking_wait()
+            try:
+                ok = waiter.acquire(True, -1 if timeout is None else timeout)
+            finally:
+                if unblock is not None:
+                    unblock()
             if not ok:
                 with self._lock:
                     if self._waiters and waiter in self._waiters:

@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from monarch._src.runtime import job_files, shm
 from monarch._src.runtime.config import CONFIG, transport_of_config
+from monarch._src.runtime.loop_replies import LoopReplies, RuntimeHooks
 from monarch._src.runtime.loop_thread import LoopThread
 from monarch._src.transport import address as addresses
 from monarch._src.transport import auth, tls
@@ -119,15 +120,22 @@ class Runtime:
         self._frames_lost: list[FramesLostCallback] = []
         self._replies_lost: list[RepliesLostCallback] = []
         #: Each peer's open connection to this process (the latest one that said hello).
-        self._from_peer: dict[str, IncomingConnection] = {}
+        self._from_peer: dict[tuple[str, str], IncomingConnection] = {}
         #: What a peer said in its hello about its previous connection, while that one is open.
         self._said_before: dict[IncomingConnection, Previous] = {}
         #: Peers' connections that closed, until the peer's next hello settles what was lost.
-        self._drops: dict[str, _Drop] = {}
+        self._drops: dict[tuple[str, str], _Drop] = {}
         self.closed = False
         self.loop_thread = LoopThread()
         self.loop = self.loop_thread.loop
         self._shm = shm.Lending(self, CONFIG.shm_pool_bytes, CONFIG.shm_pool_idle_s)
+        #: Reply addresses read by the loops that calls are awaited on (not under TLS).
+        self.loop_replies = LoopReplies(
+            self,
+            RuntimeHooks(self._on_frame, self._reject, self._first_frame, self._incoming_closed),
+            enabled=self._tls is None,
+        )
+        self._reply_addresses = self.loop_replies.addresses
         self._handlers[SHM_GIVE_BACK_KIND] = self._shm.given_back_to_us
         self._peer_lost.append(lambda address, reason: self._shm.reclaim(address))
         with Runtime._instance_lock:
@@ -184,6 +192,15 @@ class Runtime:
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self.loop_thread.ident
 
+    def reply_address(self) -> str:
+        """Where replies to a call made on this thread are to be sent: on an event loop other
+        than the runtime's, an address that loop reads itself (``loop_replies``), so that a
+        reply wakes the awaiting coroutine's loop directly; elsewhere, this process's address."""
+        loop = asyncio._get_running_loop()
+        if loop is None or loop is self.loop:
+            return self.address
+        return self.loop_replies.address_for(loop)
+
     # -- routing --------------------------------------------------------------------------------
 
     def register(self, kind: int, handler: Handler) -> None:
@@ -232,7 +249,7 @@ class Runtime:
         hello carries it again (see ``_settle``)."""
         if self._shm.given_back:
             self._shm.flush_given_back()
-        if address == self.address:
+        if address == self.address or address in self._reply_addresses:
             # Handlers own the list they get (they may empty it), and out-of-band buffers alias
             # the sender's memory: copy both.
             self.dispatch(header, [*bodies[:1], *(bytearray(b) for b in bodies[1:])])
@@ -391,21 +408,26 @@ class Runtime:
             on_reject=self._reject,
             on_close=self._incoming_closed,
             name=f"<-{self.address}",
+            local_address=self.address,
         )
         self._incoming.add(conn)
         return conn
 
-    def _first_frame(self, conn: IncomingConnection, header: dict, bodies: list) -> None:
+    def _first_frame(
+        self, conn: IncomingConnection, header: dict, bodies: list, route: Handler | None = None
+    ) -> None:
         """A peer's first frame names the address it listens at (see ``_connect``); it comes
-        after the handshake, so it is trusted. Later frames go straight to the router."""
-        conn.on_frame = self._on_frame
+        after the handshake, so it is trusted. Later frames go straight to the router (or to
+        ``route``)."""
+        conn.on_frame = route = route or self._on_frame
         sender = header.get(SENDER)
         if header.get(KIND) != PEER_HELLO_KIND or not isinstance(sender, str):
-            self._on_frame(header, bodies)
+            route(header, bodies)
             return
         conn.peer = sender
-        before = self._from_peer.get(sender)
-        self._from_peer[sender] = conn
+        link = _link(conn)
+        before = self._from_peer.get(link)
+        self._from_peer[link] = conn
         frames = header.get(PREVIOUS_FRAMES)
         if frames is None:
             return
@@ -418,7 +440,7 @@ class Runtime:
         if before is not None and not before.closed:
             self._said_before[before] = said  # its close, still to come here, settles it
             return
-        drop = self._drops.pop(sender, None)
+        drop = self._drops.pop(link, None)
         if drop is not None:
             if drop.timer is not None:
                 drop.timer.cancel()
@@ -435,19 +457,20 @@ class Runtime:
         peer = conn.peer
         if self.closed or peer is None:
             return
-        if self._from_peer.get(peer) is conn:
-            del self._from_peer[peer]
+        link = _link(conn)
+        if self._from_peer.get(link) is conn:
+            del self._from_peer[link]
         reason = reason or ConnectionResetError(f"connection from {peer} closed")
         drop = _Drop(read=conn.frames_read - 1, reason=reason)  # its hello is not counted
         said = self._said_before.pop(conn, None)
         if said is not None:
             self._settle(peer, drop, said)
             return
-        earlier = self._drops.get(peer)
+        earlier = self._drops.get(link)
         if earlier is not None and earlier.timer is not None:
             earlier.timer.cancel()
-        self._drops[peer] = drop
-        drop.timer = self.loop.call_later(CONFIG.peer_unreachable_s, self._no_hello, peer, drop)
+        self._drops[link] = drop
+        drop.timer = self.loop.call_later(CONFIG.peer_unreachable_s, self._no_hello, link, drop)
 
     def _settle(self, peer: str, drop: _Drop, said: Previous) -> None:
         """``peer`` said it wrote ``frames`` frames on the connection that dropped, which were
@@ -478,12 +501,13 @@ class Runtime:
         for fn in self._when_found_alive(peer, drop.reason, replies=True):
             fn()
 
-    def _no_hello(self, peer: str, drop: _Drop) -> None:
+    def _no_hello(self, link: tuple[str, str], drop: _Drop) -> None:
         """A peer whose connection closed did not reconnect within ``peer_unreachable_s``. If it
         is alive, the replies it had sent cannot be known: calls waiting on it fail rather than
         wait forever (a peer that exited is reported as lost instead)."""
-        if self._drops.get(peer) is drop:
-            del self._drops[peer]
+        if self._drops.get(link) is drop:
+            del self._drops[link]
+        peer = link[0]
         on_alive = self._when_found_alive(peer, drop.reason, replies=True)
         if not on_alive or self.closed:
             return
@@ -503,6 +527,7 @@ class Runtime:
 
         async def close_all() -> None:
             self._listener.close()
+            self.loop_replies.close()
             outgoing = list(self._conns.values())
             # Deliver what was sent before shutdown (e.g. "actor stopped" notices), bounded.
             if outgoing:
@@ -536,6 +561,12 @@ class Runtime:
         self._shm.close()
         if self._job_lock is not None and job_files.last_to_leave(self._job_lock):
             job_files.remove(self.socket_dir)
+
+
+def _link(conn: IncomingConnection) -> tuple[str, str]:
+    """A peer's connection to one address of this process (its own, or a loop's reply address,
+    see ``loop_replies``): each is dropped and replaced, and its frames counted, on its own."""
+    return conn.peer, conn.local_address  # type: ignore[return-value]
 
 
 def _leave_job_in_fork_child() -> None:

@@ -69,8 +69,11 @@ class IncomingConnection(asyncio.BufferedProtocol):
         on_reject: RejectHandler,
         on_close: Callable[[IncomingConnection, BaseException | None], None] | None = None,
         name: str = "",
+        local_address: str = "",
     ) -> None:
         self.name = name
+        #: The address of this process the peer connected to.
+        self.local_address = local_address
         self._secret = secret
         self._max_frame = max_frame_bytes
         #: Told every decoded frame; its owner may replace it (e.g. after the first frame).

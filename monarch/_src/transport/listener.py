@@ -51,15 +51,19 @@ class Listener:
         sock: socket.socket,
         factory: Callable[[], IncomingConnection],
         tls: ssl.SSLContext | None = None,
+        attach: Callable[[IncomingConnection, socket.socket], None] | None = None,
     ) -> None:
+        """``attach(connection, socket)``: how an accepted socket starts feeding its connection
+        (default: an asyncio transport of ``loop``; not with TLS)."""
         self._loop = loop
+        self._attach = attach
         self._sock = sock
         self._factory = factory
         self._tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
         self._tls = tls if self._tcp else None
         #: Connections accepted but not yet authenticated, oldest first (a dict keeps order),
         #: with the task that sets each up (under TLS: runs its TLS handshake).
-        self._pending: dict[IncomingConnection, asyncio.Task[None]] = {}
+        self._pending: dict[IncomingConnection, asyncio.Task[None] | None] = {}
         self._retry_delay = ACCEPT_RETRY_FIRST_S
         self._failures = 0
         self._evicted = 0
@@ -118,7 +122,11 @@ class Listener:
 
     def _adopt(self, conn_sock: socket.socket) -> None:
         conn = self._factory()
-        self._pending[conn] = self._loop.create_task(self._connect(conn, conn_sock))
+        if self._attach is not None:
+            self._pending[conn] = None
+            self._attach(conn, conn_sock)
+        else:
+            self._pending[conn] = self._loop.create_task(self._connect(conn, conn_sock))
         if len(self._pending) > MAX_PENDING_HANDSHAKES:
             self._evict()
 
@@ -172,7 +180,7 @@ class Listener:
                 )
             self._evicted += 1
             setting_up = self._pending.pop(oldest)
-            if oldest.transport is None:
+            if oldest.transport is None and setting_up is not None:
                 setting_up.cancel()
             oldest.abort(
                 auth.HandshakeError("dropped: too many connections waiting for the handshake"), log=False

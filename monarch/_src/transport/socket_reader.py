@@ -1,0 +1,144 @@
+"""Reading one accepted connection from whichever event loop is waiting for its frames.
+
+An ``IncomingConnection`` (the handshake, then frames) normally sits on an asyncio transport of
+the runtime's loop. A ``SocketReader`` drives the same protocol from a plain non-blocking
+socket instead, and is its transport, so that the socket can be watched by several loops of
+this process at once (``watch``): the loop whose thread awaits the replies that come on it
+(one wake-up per reply, as in a bare socket program) and, while that loop is not running,
+the runtime's. Whoever is woken reads under the reader's lock, so frames are parsed and
+delivered one connection's worth at a time, in order, whatever thread reads them.
+
+Each loop adds and removes its own watch on its own thread (asyncio's readers are not
+thread-safe); the socket is closed once no open loop watches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any
+
+from monarch._src.transport.connection import IncomingConnection
+
+
+class SocketReader(asyncio.Transport):
+    """Feeds ``protocol`` from ``sock``; its transport (the handshake's writes, ``close``)."""
+
+    def __init__(self, sock: socket.socket, protocol: IncomingConnection) -> None:
+        super().__init__()
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._protocol = protocol
+        #: Held while reading and delivering, and while ending: one thread at a time, in socket
+        #: order (reentrant: the protocol may end the connection from inside a read).
+        self._lock = threading.RLock()
+        #: The loops watching the socket now (each adds and removes itself on its own thread).
+        self._watchers: set[asyncio.AbstractEventLoop] = set()
+        self._watch_lock = threading.Lock()
+        self._ended = False
+
+    # -- watching -------------------------------------------------------------------------------
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(``loop``'s thread) Read the socket whenever ``loop`` finds it readable."""
+        with self._watch_lock:
+            if self._ended or loop in self._watchers:
+                return
+            self._watchers.add(loop)
+        loop.add_reader(self._fd, self._readable)
+
+    def unwatch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(``loop``'s thread, or any thread once ``loop`` is closed) Stop watching from ``loop``."""
+        with self._watch_lock:
+            if loop not in self._watchers:
+                return
+            self._watchers.discard(loop)
+            last = self._ended and not self._open_watchers()
+        if not loop.is_closed():
+            loop.remove_reader(self._fd)
+        if last:
+            self._sock.close()
+
+    def watched_by(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return loop in self._watchers
+
+    def _open_watchers(self) -> list[asyncio.AbstractEventLoop]:
+        return [w for w in self._watchers if not w.is_closed()]
+
+    # -- reading (any watching loop's thread) ------------------------------------------------------
+
+    def _readable(self) -> None:
+        if not self._lock.acquire(False):
+            return  # another loop is reading it; it reads on while anything is left
+        try:
+            if self._ended:
+                return
+            proto = self._protocol
+            try:
+                n = self._sock.recv_into(proto.get_buffer(-1))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._end(e)
+                return
+            if not n:
+                self._end(None)
+                return
+            proto.buffer_updated(n)
+        finally:
+            self._lock.release()
+
+    def _end(self, exc: Exception | None) -> None:
+        """The connection is over: the protocol hears of it, every watcher lets the socket go."""
+        with self._lock, self._watch_lock:
+            if self._ended:
+                return
+            self._ended = True
+            watchers = list(self._watchers)
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        with self._lock:
+            self._protocol.connection_lost(exc)
+        here = _running_loop()
+        for loop in watchers:
+            if loop is here or loop.is_closed():
+                self.unwatch(loop)
+            else:
+                try:
+                    loop.call_soon_threadsafe(self.unwatch, loop)
+                except RuntimeError:  # closed meanwhile
+                    self.unwatch(loop)
+        with self._watch_lock:
+            if not self._watchers:
+                self._sock.close()
+
+    # -- the transport the protocol writes to and closes --------------------------------------------
+
+    def write(self, data: Any) -> None:
+        """The handshake's few bytes; a socket that cannot take them at once is given up."""
+        try:
+            sent = self._sock.send(data)
+        except OSError as e:
+            self._end(e)
+            return
+        if sent != len(data):
+            self._end(None)
+
+    def abort(self) -> None:
+        self._end(None)
+
+    def close(self) -> None:
+        self._end(None)
+
+    def is_closing(self) -> bool:
+        return self._ended
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._sock if name == "socket" else default
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    return asyncio._get_running_loop()

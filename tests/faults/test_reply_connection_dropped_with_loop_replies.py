@@ -1,0 +1,38 @@
+"""A worker that replied to a call awaited on a loop of the client's own has a second connection
+to the client (to that loop's reply address, ``loop_replies``). A drop of either connection is
+settled by the hello of its own replacement: a reply lost on the client's own address still
+fails its call at once, while the other connection is open."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from fault_helpers import Probe
+from test_reply_connection_dropped import drop_connection_from
+
+from monarch.actor import this_host
+
+
+@pytest.mark.timeout(60)
+def test_reply_lost_on_the_process_address_fails_at_once_beside_a_loop_reply_connection():
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        probe = pm.spawn("probe", Probe)
+        _, address = probe.where.call_one().get(timeout=30)
+
+        async def on_a_loop() -> str:
+            return await probe.ping.call_one("loop")  # the worker's second connection says hello
+
+        assert asyncio.run(on_a_loop()) == "loop"
+
+        start = time.monotonic()
+        lost = drop_connection_from(address, send_first=lambda: probe.ping.call_one("lost"))
+        with pytest.raises(ConnectionError, match="still alive"):
+            lost.get(timeout=10)
+        assert time.monotonic() - start < 5
+        assert probe.ping.call_one("after").get(timeout=10) == "after"
+        assert asyncio.run(on_a_loop()) == "loop"
+    finally:
+        pm.stop().get(timeout=10)
