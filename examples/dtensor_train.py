@@ -83,7 +83,8 @@ def train_local() -> dict[str, torch.Tensor]:
 
 
 def main() -> None:
-    procs = this_host().spawn_procs(per_host={"gpus": PROCS})
+    # preload: torch is imported once, in a template the procs are forked from, not once per proc
+    procs = this_host().spawn_procs(per_host={"gpus": PROCS}, preload=["torch"])
     try:
         distributed = train_distributed(procs)
     finally:

@@ -69,7 +69,10 @@ class Inference(Actor):
 
 def main() -> None:
     trainer = this_host().spawn_procs(per_host={"gpus": 1}).spawn("trainer", Trainer)
-    inference = this_host().spawn_procs(per_host={"replicas": 3}).spawn("inference", Inference)
+    # preload: the replicas are forked from a template that imported torch once, not 3 times
+    inference = (
+        this_host().spawn_procs(per_host={"replicas": 3}, preload=["torch"]).spawn("inference", Inference)
+    )
     handles = trainer.handles.call_one().get()  # small: addresses and ids, not bytes
     total = sum(h.size() for h in handles.values())
     for _ in range(3):

@@ -20,6 +20,37 @@ with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as f
     json.dump(dict(os.environ), fp)
 """
 
+#: Trains a small linear model on rank-strided shards; rank 0 writes the full-data loss.
+DDP_TRAIN = """
+import sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+data = torch.randn(64, 8, generator=torch.Generator().manual_seed(1234))
+target = data @ torch.arange(8.0).unsqueeze(1) + 1.0
+for _ in range(20):
+    opt.zero_grad()
+    loss = ((model(data[rank::world]) - target[rank::world]) ** 2).mean()
+    loss.backward()
+    opt.step()
+with torch.no_grad():
+    final = ((model.module(data) - target) ** 2).mean().item()
+if rank == 0:
+    with open(sys.argv[1], "w") as fp:
+        fp.write(repr(final))
+dist.destroy_process_group()
+"""
+
+#: DDP's constructor imports torch._dynamo (seconds of CPU per rank): the DDP tests, which test
+#: the launch and not its import path, have the template import it once for all ranks.
+DDP_PRELOAD = ["--preload", "torch,torch._dynamo"]
+
 
 def launcher(tool: str) -> list[str]:
     """The command line prefix of ``tool``: ``"monarch"`` or ``"torchrun"``."""

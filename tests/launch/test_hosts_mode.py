@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from launch_helpers import Scripts, clean_env, free_port, monarch_launch
-from multinode_helpers import DUMP_ENV, launcher, read_envs, run_nodes
+from multinode_helpers import DDP_PRELOAD, DDP_TRAIN, DUMP_ENV, launcher, read_envs, run_nodes
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -122,17 +122,16 @@ def test_a_failure_restarts_the_whole_job_with_a_fresh_rendezvous(scripts: Scrip
 
 
 @pytest.mark.slow
-def test_ddp_on_two_hosts_ends_with_the_loss_of_one_node(scripts: Scripts, tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    from test_multinode_ddp import TRAIN
-
-    script = scripts.write("train.py", TRAIN)
-    one_node, two_hosts = tmp_path / "1x4", tmp_path / "2x2"
-    run = monarch_launch("--nproc-per-node", "4", script, str(one_node), timeout=100)
+def test_ddp_on_two_hosts_ends_with_the_loss_of_one_node(
+    scripts: Scripts, tmp_path: Path, one_node_ddp_loss: float
+) -> None:
+    script = scripts.write("train.py", DDP_TRAIN)
+    two_hosts = tmp_path / "2x2"
+    run = monarch_launch(
+        *DDP_PRELOAD, "--hosts", "local:2", "--nproc-per-node", "2", script, str(two_hosts), timeout=100
+    )
     assert run.rc == 0, run
-    run = monarch_launch("--hosts", "local:2", "--nproc-per-node", "2", script, str(two_hosts), timeout=100)
-    assert run.rc == 0, run
-    single, multi = float(one_node.read_text()), float(two_hosts.read_text())
+    single, multi = one_node_ddp_loss, float(two_hosts.read_text())
     assert single < 100.0  # it trained (the untrained loss is in the hundreds)
     assert multi == pytest.approx(single, abs=1e-6)
 

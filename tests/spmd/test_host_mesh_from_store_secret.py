@@ -14,6 +14,7 @@ import pytest
 from monarch._src.host.agent import TRUST_ALL_SECRET
 from monarch._src.host.host_mesh import attach
 from monarch.actor import Actor, HostMesh, endpoint
+from monarch.config import configured
 from monarch.spmd import host_mesh_from_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
@@ -64,9 +65,12 @@ def test_store_contents_do_not_open_the_agents() -> None:
             except ValueError:
                 pass
         addresses = [store.data[f"monarch/spmd/workers/{g}"].decode() for g in (0, 1)]
-        intruders = [attach(addresses, secret) for secret in candidates]  # all at once: each retries
-        for intruder in intruders:
-            with pytest.raises(RuntimeError, match="attach failed"):
-                intruder.initialized.get(30)
+        # A refused client cannot tell a wrong secret from a slow agent: it retries until the
+        # attach bound (10 s by default). 3 s is still many times what a good secret takes.
+        with configured(host_attach_timeout_s=3):
+            intruders = [attach(addresses, secret) for secret in candidates]  # all at once: each retries
+            for intruder in intruders:
+                with pytest.raises(RuntimeError, match="attach failed"):
+                    intruder.initialized.get(30)
     finally:
         hosts.shutdown().get()

@@ -14,6 +14,10 @@ from monarch.spmd import SPMDActor, setup_torch_elastic_env, setup_torch_elastic
 
 pytestmark = pytest.mark.timeout(120)
 
+#: The meshes that run torch.distributed fork their procs from a template that imported torch
+#: once: what is tested is the set-up of the environment, not how torch got imported.
+TORCH = ["torch"]
+
 TORCH_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -93,7 +97,7 @@ def two_hosts() -> Iterator[HostMesh]:
 
 @pytest.mark.slow
 def test_one_host_mesh_runs_gloo_all_reduce() -> None:
-    procs = this_host().spawn_procs(per_host={"gpus": 3})
+    procs = this_host().spawn_procs(per_host={"gpus": 3}, preload=TORCH)
     try:
         setup_torch_elastic_env(procs)
         check_mesh(procs, hosts=1, gpus=3)
@@ -103,7 +107,7 @@ def test_one_host_mesh_runs_gloo_all_reduce() -> None:
 
 @pytest.mark.slow
 def test_two_agent_hosts_rank_like_two_nodes(two_hosts: HostMesh) -> None:
-    procs = two_hosts.spawn_procs(per_host={"gpus": 2})
+    procs = two_hosts.spawn_procs(per_host={"gpus": 2}, preload=TORCH)
     setup_torch_elastic_env(procs)
     check_mesh(procs, hosts=2, gpus=2)
 
@@ -158,7 +162,7 @@ def test_main_runs_a_script_per_rank(tmp_path: os.PathLike[str]) -> None:
     script = os.path.join(tmp_path, "train.py")
     with open(script, "w") as f:
         f.write(SCRIPT)
-    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, preload=TORCH)
     try:
         actors = procs.spawn("spmd", SPMDActor)
         host, port = actors.slice(gpus=0).get_host_port.call_one().get()

@@ -36,7 +36,7 @@ class Linear(Actor):
 
 @pytest.fixture(scope="module")
 def setup():
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, preload=["torch"])  # one torch import for both
     linear = pm.spawn("linear", Linear)
     yield pm, linear
     pm.stop().get(timeout=10)

@@ -9,7 +9,8 @@ machine notices most.
 Each forked worker is set up as a fork+exec'd one would be: its own session and process
 group, its own stdout/stderr pipes, listening socket and parent-death pipe (the spawner
 creates them all and hands them to the template), exactly its own environment, and fresh
-random seeds (``random`` reseeds itself at fork; numpy's global generator is reseeded here).
+random seeds (``random`` reseeds itself at fork; numpy's global generator and torch's CPU one
+are reseeded here).
 What differs, by design: the preloaded modules are already imported when the worker starts,
 with the environment that all workers share (a variable a worker's script sets before
 ``import torch`` cannot change how torch initialized), and its parent is the template, which
@@ -204,6 +205,9 @@ def _become(spec: dict[str, Any], every_fd: set[int]) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:  # seeded at import, in the template: give each worker its own
         numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:  # likewise torch's CPU generator (its CUDA ones start from a fixed seed)
+        torch.default_generator.seed()
 
 
 if __name__ == "__main__":
