@@ -19,7 +19,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from monarch._src.runtime import job_files, shm
 from monarch._src.runtime.config import CONFIG, transport_of_config
@@ -29,7 +29,7 @@ from monarch._src.transport import auth, tls
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
 from monarch._src.transport.outgoing import OutgoingConnection
-from monarch._src.wire.frame import FrameTooLargeError, encode_frame
+from monarch._src.wire.frame import FrameTooLargeError, HeaderTemplate, encode_frame
 from monarch._src.wire.protocol import (
     KIND,
     PEER_HELLO_KIND,
@@ -245,12 +245,24 @@ class Runtime:
         if len(bodies) > 1 and shm.available() and addresses.is_unix(address):
             # Only a Unix socket's peer surely shares this host's /dev/shm (see ``address``).
             bodies = self._shm.export(address, header, bodies)
-        buffers = encode_frame(header, bodies, self.max_frame_bytes)
         # A reply is tagged with its port id, a frame to keep with its header: should the
         # connection drop, the peer learns whether it was written on it (see ``_settle``).
         tag = header if keep else header.get(PORT_ID)
         if tag.__class__ is not int and not keep:
             tag = None
+        self._write(address, encode_frame(header, bodies, self.max_frame_bytes), tag)
+
+    def send_templated(self, address: str, template: HeaderTemplate, value: Any, bodies: list) -> None:
+        """``send(address, template.header(value), bodies)``; a frame of one body to another
+        process (most calls and replies) is encoded from the template, which costs less."""
+        if len(bodies) != 1 or address == self.address or self.closed or self._shm.given_back:
+            self.send(address, template.header(value), bodies)
+            return
+        # Tagged as ``send`` tags it: a reply, by its port id.
+        tag = value if value.__class__ is int and template.varying == PORT_ID else None
+        self._write(address, template.encode(value, bodies, self.max_frame_bytes), tag)
+
+    def _write(self, address: str, buffers: list, tag: Any) -> None:
         conn = self._conns.get(address)
         if conn is None or conn.closed:
             conn = self._connect(address)

@@ -146,15 +146,15 @@ def _is_plain(obj: Any, depth: int = 0) -> bool:
     return False
 
 
-def dumps_call(args: tuple, kwargs: dict) -> list[Any]:
-    """``dumps((args, kwargs))``, fastest for the common call with a few scalar arguments."""
+def dumps_plain_call(args: tuple, kwargs: dict) -> list[Any] | None:
+    """``dumps((args, kwargs))`` of the common call with a few scalar arguments, by the C
+    pickler alone (the same bytes as cloudpickle's); None for any other call."""
     if not kwargs and len(args) <= 8:
         for a in args:
             if type(a) not in _SCALARS:
-                break
-        else:
-            return [pickle.dumps((args, kwargs), 5)]
-    return dumps((args, kwargs))
+                return None
+        return [pickle.dumps((args, kwargs), 5)]
+    return None
 
 
 def dumps(obj: Any) -> list[Any]:
