@@ -26,7 +26,17 @@ class MeshRef:
     so what an endpoint reads on every send lives here, under plain names.
     """
 
-    __slots__ = ("cls", "class_name", "name", "key", "addresses", "shape", "wire_extent", "_destinations")
+    __slots__ = (
+        "cls",
+        "class_name",
+        "name",
+        "key",
+        "addresses",
+        "shape",
+        "wire_extent",
+        "_destinations",
+        "_renumbered",
+    )
 
     def __init__(self, cls: type, name: str, key: str, addresses: tuple[str, ...], shape: Shape) -> None:
         self.cls = cls
@@ -40,6 +50,7 @@ class MeshRef:
         #: The extent as a message header carries it.
         self.wire_extent: list[Any] = [ext.labels, ext.sizes]
         self._destinations: list[tuple[int, str]] | None = None
+        self._renumbered: Shape | None = None
 
     def destinations(self) -> list[tuple[int, str]]:
         """(message rank, process address) for every rank of this (sliced) mesh."""
@@ -54,7 +65,10 @@ class MeshRef:
 
     def shape_renumbered(self) -> Shape:
         """This (sliced) mesh's shape with ranks 0..n-1, the shape of a gathered reply."""
-        return Shape.from_extent(self.shape.extent)
+        shape = self._renumbered
+        if shape is None:
+            shape = self._renumbered = Shape.from_extent(self.shape.extent)
+        return shape
 
     def check_usable(self, endpoint: str) -> None:
         """Raise SupervisionError if a rank of this (sliced) mesh is known failed or stopped."""

@@ -111,6 +111,9 @@ class ActorInstance:
         self.is_async = cls is not None and is_async_actor(cls)
         self._endpoints: dict[str, EndpointProperty[Any]] = endpoint_table(cls) if cls is not None else {}
         self._queue: queue.SimpleQueue[Any] | None = None
+        #: A sync actor's messages of the socket read the loop routes now, queued together
+        #: once it is routed (``_hand_over``): its thread wakes once per read, not per message.
+        self._batch: list[tuple] | None = None
         self._deque: collections.deque[Any] = collections.deque()
         self._wakeup: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -218,6 +221,15 @@ class ActorInstance:
         """Queue a message, stop or supervision event in this actor's mailbox, run in arrival order."""
         q = self._queue
         if q is not None:
+            rt = runtime()
+            batch = self._batch
+            if batch is None:
+                if rt.after_this_read(self._hand_over):
+                    self._batch = [item]
+                    return
+            elif rt.on_loop_thread():  # a batch exists only while the loop routes a read
+                batch.append(item)
+                return
             q.put(item)
             if self.stopped:  # raced with the stop: nobody will take it from the queue
                 self._report_unrun(self._reject_queued())
@@ -227,6 +239,15 @@ class ActorInstance:
             self._put_on_loop(item)
         else:
             rt.loop.call_soon_threadsafe(self._put_on_loop, item)
+
+    def _hand_over(self) -> None:
+        """(loop thread) Queue the messages of the read just routed for this actor's thread."""
+        batch, self._batch = self._batch, None
+        q = self._queue
+        for item in batch or ():
+            q.put(item)  # type: ignore[union-attr]
+        if self.stopped:  # raced with the stop: nobody will take them from the queue
+            self._report_unrun(self._reject_queued())
 
     def _put_on_loop(self, item: tuple) -> None:
         self._deque.append(item)

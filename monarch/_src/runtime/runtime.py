@@ -124,6 +124,9 @@ class Runtime:
         self._said_before: dict[IncomingConnection, Previous] = {}
         #: Peers' connections that closed, until the peer's next hello settles what was lost.
         self._drops: dict[str, _Drop] = {}
+        #: While the loop routes the frames of one read: what they asked to run once it is
+        #: routed (``after_this_read``); None between reads.
+        self._after_read: list[Callable[[], None]] | None = None
         self.closed = False
         self.loop_thread = LoopThread()
         self.loop = self.loop_thread.loop
@@ -224,6 +227,25 @@ class Runtime:
         except Exception:
             logger.exception("handler for frame kind %r failed", header.get(KIND))
 
+    def after_this_read(self, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` on the loop thread once every frame of the socket read being routed now
+        was routed (a batch of messages for one actor wakes its thread once); False, with
+        nothing scheduled, outside such routing (another thread, a timer, a local send)."""
+        pending = self._after_read
+        if pending is None or threading.get_ident() != self.loop_thread.ident:
+            return False
+        pending.append(fn)
+        return True
+
+    def _read_routed(self) -> None:
+        pending, self._after_read = self._after_read, None
+        if pending:
+            for fn in pending:
+                try:
+                    fn()
+                except Exception:
+                    logger.exception("work scheduled after a read failed")
+
     def send(self, address: str, header: dict, bodies: list, keep: bool = False) -> None:
         """Deliver one message; callable from any thread. Raises FrameTooLargeError at once.
 
@@ -278,6 +300,8 @@ class Runtime:
 
     def _receive(self, header: dict, bodies: list) -> None:
         """A frame from another process: map its shared-memory buffers, then route it."""
+        if self._after_read is None:
+            self._after_read = []  # until the end of this read (_read_routed)
         if SHM_MOVED not in header:  # most frames: nothing to map
             self.dispatch(header, bodies)
             return
@@ -303,6 +327,8 @@ class Runtime:
 
     def _receive_from_other_host(self, header: dict, bodies: list) -> None:
         """A frame that came over TCP: it may not name files of this host's /dev/shm."""
+        if self._after_read is None:
+            self._after_read = []  # until the end of this read (_read_routed)
         if header.get(SHM_MOVED):
             logger.error("rejecting a message from another host that refers to shared memory")
             self._reject(
@@ -403,6 +429,7 @@ class Runtime:
             on_reject=self._reject,
             on_close=self._incoming_closed,
             name=f"<-{self.address}",
+            on_read_done=self._read_routed,
         )
         self._incoming.add(conn)
         return conn

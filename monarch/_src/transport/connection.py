@@ -69,7 +69,10 @@ class IncomingConnection(asyncio.BufferedProtocol):
         on_reject: RejectHandler,
         on_close: Callable[[IncomingConnection, BaseException | None], None] | None = None,
         name: str = "",
+        on_read_done: Callable[[], None] | None = None,
     ) -> None:
+        """``on_read_done``: told after the frames of each read from the socket were handed to
+        ``on_frame``, so that work they call for can be done once per read."""
         self.name = name
         self._secret = secret
         self._max_frame = max_frame_bytes
@@ -77,6 +80,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self.on_frame = on_frame
         self._on_reject = on_reject
         self._on_close = on_close
+        self._on_read_done = on_read_done
         self.transport: asyncio.Transport | None = None
         self.authenticated = False
         self.closed = False
@@ -157,6 +161,9 @@ class IncomingConnection(asyncio.BufferedProtocol):
             self._parse()
         except (FrameError, auth.HandshakeError) as e:
             self.abort(e)
+        finally:
+            if self._on_read_done is not None:
+                self._on_read_done()
 
     def eof_received(self) -> bool:
         return False

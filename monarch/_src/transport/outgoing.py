@@ -172,13 +172,13 @@ class OutgoingConnection:
             except OSError as e:
                 call_soon(self._fail, e)
                 return
-            total = 0
-            for b in buffers:
-                view = memoryview(b).cast("B")
-                n = view.nbytes
-                if total + n > sent:
-                    q.append(view[max(0, sent - total) :])
-                total += n
+            for b in buffers:  # what the kernel did not take is queued
+                n = _nbytes(b)
+                if sent >= n:
+                    sent -= n
+                    continue
+                q.append(memoryview(b).cast("B")[sent:] if sent else b)
+                sent = 0
             if q:
                 self._flush_scheduled = True
                 call_soon(self._flush)
