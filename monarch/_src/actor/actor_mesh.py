@@ -84,7 +84,6 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     def __init__(self, cls: type, name: str, key: str, addresses: tuple[str, ...], shape: Shape) -> None:
         self._ref = MeshRef(cls, name, key, addresses, shape)
-        self._endpoint_cache: dict[str, Any] = {}
         #: Keeps this mesh's stop/failure records (and what they need) while a handle exists.
         self._handles = supervision.mesh_handles(key)
 
@@ -101,16 +100,13 @@ class ActorMesh(MeshTrait, Generic[T]):
     # -- endpoints ----------------------------------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_ref", "_endpoint_cache", "_handles"):
+        if name.startswith("__") or name in ("_ref", "_handles"):
             raise AttributeError(name)
-        cache = self._endpoint_cache
-        ep = cache.get(name)
-        if ep is not None:
-            return ep
         ref = self._ref
         prop = endpoint_table(ref.cls).get(name)
         if prop is not None:
-            ep = cache[name] = ActorEndpoint(self, ref, name, prop)
+            # Kept as an instance attribute: later lookups find it without calling this method.
+            ep = self.__dict__[name] = ActorEndpoint(self, ref, name, prop)
             return ep
         if callable(getattr(ref.cls, name, None)):
             return NotAnEndpoint(self, ref, name)

@@ -257,7 +257,10 @@ class ActorEndpoint(Generic[R]):
         port_spec: list[Any] | None
         if reply is not None:
             port_spec = [rt.address, reply.port_id]
-            remote = [a for _, a in dests if a != rt.address]
+            if len(dests) == 1:  # call_one
+                remote = [dests[0][1]] if dests[0][1] != rt.address else []
+            else:
+                remote = [a for _, a in dests if a != rt.address]
             if remote:  # this process cannot die without the caller; others can
                 if multicast.forwarders:  # a message (or its replies) may pass through them
                     remote += multicast.forwarders_of(remote)

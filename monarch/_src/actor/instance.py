@@ -411,7 +411,7 @@ class ActorInstance:
 
     def _handle_sync(self, header: dict, bodies: list) -> None:
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)
-        done = self._take_message_done()
+        done, self._message_done = self._message_done, None  # see _take_message_done
         if fn is None:
             _run_callbacks(done)
             return
@@ -431,7 +431,8 @@ class ActorInstance:
         else:
             self._reply(reply, explicit, header[ENDPOINT], result)
         finally:
-            _run_callbacks(done)
+            if done is not None:
+                _run_callbacks(done)
 
     async def _handle_async(self, header: dict, bodies: list) -> None:
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)

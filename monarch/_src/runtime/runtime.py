@@ -303,7 +303,14 @@ class Runtime:
         if self._after_read is None:
             self._after_read = []  # until the end of this read (_read_routed)
         if SHM_MOVED not in header:  # most frames: nothing to map
-            self.dispatch(header, bodies)
+            handler = self._handlers.get(header.get(KIND))  # type: ignore[arg-type]
+            if handler is None:
+                self.dispatch(header, bodies)  # logs it
+                return
+            try:
+                handler(header, bodies)
+            except Exception:
+                logger.exception("handler for frame kind %r failed", header.get(KIND))
             return
         try:
             self._shm.receive(header, bodies)

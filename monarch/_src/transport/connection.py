@@ -222,7 +222,8 @@ class IncomingConnection(asyncio.BufferedProtocol):
                 if hlen <= MAX_HEADER_BYTES and hend <= end:
                     header = decode_header(buf[start + PREFIX_SIZE : hend])
                     lengths = header[BODY_LENGTHS]
-                    if hend + sum(lengths) <= end and hlen + sum(lengths) <= self._max_frame:
+                    size = sum(lengths)
+                    if hend + size <= end and hlen + size <= self._max_frame:
                         bodies = []
                         pos = hend
                         for n in lengths:

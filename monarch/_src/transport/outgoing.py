@@ -114,6 +114,9 @@ class OutgoingConnection:
         self._flush_scheduled = False
         self._last_direct_send = 0.0
         self._last_corked = 0.0
+        #: The thread that noted this connection in its corked list last (``note_corked``) and
+        #: has not written it since: its further frames need not note it again.
+        self._noted_by: int | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.authenticated = False
         self.closed = False
@@ -142,14 +145,16 @@ class OutgoingConnection:
                 self._tags.append((self.frames_sent, tag))
             self.frames_sent += 1
             q = self._queue
-            on_loop = threading.get_ident() == self._loop_ident
+            ident = threading.get_ident()
+            on_loop = ident == self._loop_ident
             if not self.authenticated or q or self._flush_scheduled:
                 q.extend(buffers)
                 if not on_loop and self.authenticated:  # else the handshake's end flushes it
                     self._last_corked = time.monotonic()
                     if len(q) >= CORK_BUFFERS:
                         self._write_queued()
-                    else:
+                    elif self._noted_by != ident:
+                        self._noted_by = ident
                         note_corked(self)
                 return
             now = time.monotonic()
@@ -161,6 +166,7 @@ class OutgoingConnection:
                     return
                 self._last_corked = now
                 self._loop.call_soon_threadsafe(self._flush)
+                self._noted_by = ident
                 note_corked(self)
                 return
             self._last_direct_send = now
@@ -215,6 +221,7 @@ class OutgoingConnection:
 
     def write_corked(self) -> None:
         with self._lock:
+            self._noted_by = None
             if self._queue and self.authenticated and not self.closed:
                 self._write_queued()
 

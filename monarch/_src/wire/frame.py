@@ -100,6 +100,13 @@ class HeaderTemplate:
 
     def encode(self, value: Any, bodies: Sequence[Any], max_frame_bytes: int) -> list[Any]:
         """``encode_frame(self.header(value), bodies, max_frame_bytes)``, for less."""
+        if len(bodies) == 1:  # most messages: one pickle stream
+            body = bodies[0]
+            n = len(body) if type(body) is bytes else memoryview(body).nbytes
+            head = self._head + _pack(value) + self._lengths_key + _pack([n])
+            if len(head) + n <= JOIN_BYTES:
+                return [PREFIX.pack(len(head)) + head + body]
+            return _buffers(head, [n], bodies, max_frame_bytes)
         lengths = [len(b) if type(b) is bytes else memoryview(b).nbytes for b in bodies]
         head = self._head + _pack(value) + self._lengths_key + _pack(lengths)
         return _buffers(head, lengths, bodies, max_frame_bytes)
@@ -111,7 +118,7 @@ def decode_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
         header = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as e:  # msgpack raises several unrelated exception types
         raise FrameError(f"malformed frame header: {e}") from None
-    if not isinstance(header, dict):
+    if type(header) is not dict:
         raise FrameError("malformed frame header: not a map")
     lengths = header.get(BODY_LENGTHS)
     if type(lengths) is not list:
