@@ -104,9 +104,9 @@ class HeaderTemplate:
             body = bodies[0]
             n = len(body) if type(body) is bytes else memoryview(body).nbytes
             head = self._head + _pack(value) + self._lengths_key + _pack([n])
-            if len(head) + n <= JOIN_BYTES:
+            if len(head) + n <= JOIN_BYTES and len(head) + n <= max_frame_bytes:
                 return [PREFIX.pack(len(head)) + head + body]
-            return _buffers(head, [n], bodies, max_frame_bytes)
+            return _buffers(head, [n], bodies, max_frame_bytes)  # large, or too large
         lengths = [len(b) if type(b) is bytes else memoryview(b).nbytes for b in bodies]
         head = self._head + _pack(value) + self._lengths_key + _pack(lengths)
         return _buffers(head, lengths, bodies, max_frame_bytes)
