@@ -114,6 +114,7 @@ class ActorInstance:
         #: A sync actor's messages of the socket read the loop routes now, queued together
         #: once it is routed (``_hand_over``): its thread wakes once per read, not per message.
         self._batch: list[tuple] | None = None
+        self._loop_ident: int | None = None
         self._deque: collections.deque[Any] = collections.deque()
         self._wakeup: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -197,6 +198,7 @@ class ActorInstance:
         else:
             self._queue = queue.SimpleQueue()
             self._queue.put((INIT, None, init))
+            self._loop_ident = runtime().loop_thread.ident
 
     def start(self) -> None:
         """Begin processing the mailbox (``__init__`` first)."""
@@ -221,13 +223,12 @@ class ActorInstance:
         """Queue a message, stop or supervision event in this actor's mailbox, run in arrival order."""
         q = self._queue
         if q is not None:
-            rt = runtime()
             batch = self._batch
             if batch is None:
-                if rt.after_this_read(self._hand_over):
+                if runtime().after_this_read(self._hand_over):
                     self._batch = [item]
                     return
-            elif rt.on_loop_thread():  # a batch exists only while the loop routes a read
+            elif threading.get_ident() == self._loop_ident:  # a batch exists while the loop routes a read
                 batch.append(item)
                 return
             q.put(item)
