@@ -63,12 +63,14 @@ class PortHandler:
         return self.port_id
 
     def close(self) -> None:
-        """Unregister the port id: later frames to it are dropped as having no receiver."""
+        """Unregister the port id: later frames to it are dropped as having no receiver, and
+        the death of a process it expected a reply from no longer fails it."""
         _handlers.pop(self.port_id, None)
 
     def expect_from(self, addresses: Iterable[str]) -> None:
-        """Fail this handler if a process it waits on dies (at once if one already has); it
-        must be open (a closed handler waits for nothing)."""
+        """Fail this handler if a process it waits on dies (at once if one already has). Only
+        open handlers are looked at when a process dies (``waiting_on``); a list of addresses
+        is kept as given, not copied."""
         self._addresses = addresses = addresses if type(addresses) is list else set(addresses)
         if supervision.dead_processes:
             for a in addresses:
