@@ -115,6 +115,8 @@ class ActorInstance:
         #: once it is routed (``_hand_over``): its thread wakes once per read, not per message.
         self._batch: list[tuple] | None = None
         self._loop_ident: int | None = None
+        #: ``Runtime.after_this_read``, for a sync actor (set with its queue).
+        self._after_this_read: Callable[[Callable[[], None]], bool] | None = None
         self._deque: collections.deque[Any] = collections.deque()
         self._wakeup: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -198,7 +200,9 @@ class ActorInstance:
         else:
             self._queue = queue.SimpleQueue()
             self._queue.put((INIT, None, init))
-            self._loop_ident = runtime().loop_thread.ident
+            rt = runtime()
+            self._loop_ident = rt.loop_thread.ident
+            self._after_this_read = rt.after_this_read
 
     def start(self) -> None:
         """Begin processing the mailbox (``__init__`` first)."""
@@ -225,7 +229,7 @@ class ActorInstance:
         if q is not None:
             batch = self._batch
             if batch is None:
-                if runtime().after_this_read(self._hand_over):
+                if self._after_this_read(self._hand_over):  # type: ignore[misc]  # set with q
                     self._batch = [item]
                     return
             elif threading.get_ident() == self._loop_ident:  # a batch exists while the loop routes a read
