@@ -50,7 +50,8 @@ RETRY_MAX_S = 1.0
 MAX_IOV = 512
 #: Frames sent closer together than this on one connection form a burst, which is corked.
 BURST_GAP_S = 50e-6
-#: A corked burst is written once this many buffers (three per frame, or more) are queued.
+#: A corked burst is written once this many buffers are queued (one per small frame, see
+#: ``frame.JOIN_BYTES``; three or more per large one).
 CORK_BUFFERS = 192
 #: How many tagged frames a connection remembers (``sent_tags``): after it dropped, its owner
 #: tells the peer which of them it had written, so that the peer knows which ones it lost.
