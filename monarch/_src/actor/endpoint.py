@@ -244,16 +244,13 @@ class ActorEndpoint(Generic[R]):
             extent: list[Any] = _NO_EXTENT
         else:
             extent = ref.wire_extent
-        if not args and not kwargs:
-            bodies = _NO_ARGS
-        else:
-            bodies = payload.dumps_plain_call(args, kwargs)  # type: ignore[assignment]
-            if bodies is None:
-                pickling = pickling_for.set((ref.key, dests))
-                try:
-                    bodies = payload.dumps((args, kwargs))
-                finally:
-                    pickling_for.reset(pickling)
+        bodies = _NO_ARGS if not args and not kwargs else payload.dumps_plain_call(args, kwargs)
+        if bodies is None:
+            pickling = pickling_for.set((ref.key, dests))
+            try:
+                bodies = payload.dumps((args, kwargs))
+            finally:
+                pickling_for.reset(pickling)
         port_spec: list[Any] | None
         if reply is not None:
             port_spec = [rt.address, reply.port_id]

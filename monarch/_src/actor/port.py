@@ -110,12 +110,7 @@ def handle_port_frame(header: dict, bodies: list) -> None:
     if handler.raw_frames:
         handler.deliver_frame(header, bodies)
         return
-    is_exc = FLAGS in header and bool(header[FLAGS] & FLAG_EXCEPTION)
-    try:
-        value = payload.loads(bodies)
-    except Exception as e:
-        value, is_exc = _unreadable(handler, e, is_exc), True
-    handler.deliver(header.get(RANK), value, is_exc)
+    _deliver(handler, header.get(RANK), bodies, FLAGS in header and bool(header[FLAGS] & FLAG_EXCEPTION))
 
 
 def handle_port_batch(header: dict, bodies: list) -> None:
@@ -133,13 +128,12 @@ def _deliver(handler: PortHandler, rank: int | None, bodies: list, is_exc: bool)
     try:
         value = payload.loads(bodies)
     except Exception as e:
-        value, is_exc = _unreadable(handler, e, is_exc), True
+        what = "an exception" if is_exc else "a value"
+        value = ActorError(
+            e, f"The reply to {handler.label}() carried {what} that could not be unpickled here."
+        )
+        is_exc = True
     handler.deliver(rank, value, is_exc)
-
-
-def _unreadable(handler: PortHandler, e: Exception, is_exc: bool) -> ActorError:
-    what = "an exception" if is_exc else "a value"
-    return ActorError(e, f"The reply to {handler.label}() carried {what} that could not be unpickled here.")
 
 
 class Port(Generic[R]):
