@@ -127,6 +127,8 @@ class Runtime:
         #: While the loop routes the frames of one read: what they asked to run once it is
         #: routed (``after_this_read``); None between reads.
         self._after_read: list[Callable[[], None]] | None = None
+        #: Kinds whose handlers only queue work (see ``register``).
+        self._queueing_kinds: set[int] = set()
         self.closed = False
         self.loop_thread = LoopThread()
         self.loop = self.loop_thread.loop
@@ -189,8 +191,15 @@ class Runtime:
 
     # -- routing --------------------------------------------------------------------------------
 
-    def register(self, kind: int, handler: Handler) -> None:
+    def register(self, kind: int, handler: Handler, queues_only: bool = False) -> None:
+        """Route frames of ``kind`` to ``handler``. ``queues_only``: it only queues work (for an
+        actor's thread) and never waits on the loop, so frames of its kind may leave what they
+        queued to be handed over at the end of their read (``after_this_read``); a frame of any
+        other kind first has what the frames before it queued handed over, as its handler may
+        wait for that (unpickling a distributed tensor waits for its worker's earlier ops)."""
         self._handlers[kind] = handler
+        if queues_only:
+            self._queueing_kinds.add(kind)
 
     def on_peer_lost(self, callback: PeerLostCallback) -> None:
         """``callback(address, reason)`` when the peer at ``address`` is taken for dead: its
@@ -240,11 +249,7 @@ class Runtime:
     def _read_routed(self) -> None:
         pending, self._after_read = self._after_read, None
         if pending:
-            for fn in pending:
-                try:
-                    fn()
-                except Exception:
-                    logger.exception("work scheduled after a read failed")
+            _run_each(pending)
 
     def send(self, address: str, header: dict, bodies: list, keep: bool = False) -> None:
         """Deliver one message; callable from any thread. Raises FrameTooLargeError at once.
@@ -300,8 +305,12 @@ class Runtime:
 
     def _receive(self, header: dict, bodies: list) -> None:
         """A frame from another process: map its shared-memory buffers, then route it."""
-        if self._after_read is None:
+        pending = self._after_read
+        if pending is None:
             self._after_read = []  # until the end of this read (_read_routed)
+        elif pending and header.get(KIND) not in self._queueing_kinds:
+            self._after_read = []  # its handler may wait for what was queued: hand it over now
+            _run_each(pending)
         if SHM_MOVED not in header:  # most frames: nothing to map
             handler = self._handlers.get(header.get(KIND))  # type: ignore[arg-type]
             if handler is None:
@@ -334,8 +343,6 @@ class Runtime:
 
     def _receive_from_other_host(self, header: dict, bodies: list) -> None:
         """A frame that came over TCP: it may not name files of this host's /dev/shm."""
-        if self._after_read is None:
-            self._after_read = []  # until the end of this read (_read_routed)
         if header.get(SHM_MOVED):
             logger.error("rejecting a message from another host that refers to shared memory")
             self._reject(
@@ -346,7 +353,7 @@ class Runtime:
                 ),
             )
             return
-        self.dispatch(header, bodies)
+        self._receive(header, bodies)  # nothing to map: routed as any frame
 
     def _connect(self, address: str) -> OutgoingConnection:
         with self._conns_lock:
@@ -582,6 +589,15 @@ class Runtime:
         self._shm.close()
         if self._job_lock is not None and job_files.last_to_leave(self._job_lock):
             job_files.remove(self.socket_dir)
+
+
+def _run_each(work: list[Callable[[], None]]) -> None:
+    """Run what frames of a read asked for (``after_this_read``); one failing stops no other."""
+    for fn in work:
+        try:
+            fn()
+        except Exception:
+            logger.exception("work scheduled after a read failed")
 
 
 def _leave_job_in_fork_child() -> None:
