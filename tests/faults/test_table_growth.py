@@ -32,7 +32,7 @@ def table_sizes() -> dict[str, int]:
         "stopped meshes": len(supervision._stopped),
         "dead processes": len(supervision.dead_processes),
         "locally spawned processes": len(supervision.locally_spawned),
-        "replies waited for": len(port._waiting_on),
+        "replies waited for": sum(1 for h in list(port._handlers.values()) if h._addresses),
         "open ports": len(port._handlers),
         "connections": len(rt._conns),
     }

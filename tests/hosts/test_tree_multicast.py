@@ -222,7 +222,7 @@ def test_frames_behind_one_that_never_arrives_are_delivered_after_the_gap_bound(
     header = protocol.message(one._ref.key, "add", None, 0, [[], []])
     header[protocol.SEQUENCE] = ["unix:/a/sender/whose/frame/0/was/lost", 1]
     sent = time.monotonic()
-    runtime().send(address, header, payload.dumps_call((7,), {}))
+    runtime().send(address, header, payload.dumps(((7,), {})))
     assert one.log.call_one().get(timeout=20) == []  # held behind the missing frame
     wait_until(lambda: one.log.call_one().get(timeout=20) == [7], timeout=3 * multicast.GAP_TIMEOUT_S)
     assert time.monotonic() - sent >= multicast.GAP_TIMEOUT_S - 0.5

@@ -26,7 +26,17 @@ class MeshRef:
     so what an endpoint reads on every send lives here, under plain names.
     """
 
-    __slots__ = ("cls", "class_name", "name", "key", "addresses", "shape", "wire_extent", "_destinations")
+    __slots__ = (
+        "cls",
+        "class_name",
+        "name",
+        "key",
+        "addresses",
+        "shape",
+        "wire_extent",
+        "_destinations",
+        "_renumbered",
+    )
 
     def __init__(self, cls: type, name: str, key: str, addresses: tuple[str, ...], shape: Shape) -> None:
         self.cls = cls
@@ -40,6 +50,7 @@ class MeshRef:
         #: The extent as a message header carries it.
         self.wire_extent: list[Any] = [ext.labels, ext.sizes]
         self._destinations: list[tuple[int, str]] | None = None
+        self._renumbered: Shape | None = None
 
     def destinations(self) -> list[tuple[int, str]]:
         """(message rank, process address) for every rank of this (sliced) mesh."""
@@ -54,7 +65,10 @@ class MeshRef:
 
     def shape_renumbered(self) -> Shape:
         """This (sliced) mesh's shape with ranks 0..n-1, the shape of a gathered reply."""
-        return Shape.from_extent(self.shape.extent)
+        shape = self._renumbered
+        if shape is None:
+            shape = self._renumbered = Shape.from_extent(self.shape.extent)
+        return shape
 
     def check_usable(self, endpoint: str) -> None:
         """Raise SupervisionError if a rank of this (sliced) mesh is known failed or stopped."""
@@ -70,7 +84,6 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     def __init__(self, cls: type, name: str, key: str, addresses: tuple[str, ...], shape: Shape) -> None:
         self._ref = MeshRef(cls, name, key, addresses, shape)
-        self._endpoint_cache: dict[str, Any] = {}
         #: Keeps this mesh's stop/failure records (and what they need) while a handle exists.
         self._handles = supervision.mesh_handles(key)
 
@@ -87,16 +100,13 @@ class ActorMesh(MeshTrait, Generic[T]):
     # -- endpoints ----------------------------------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_ref", "_endpoint_cache", "_handles"):
+        if name.startswith("__") or name in ("_ref", "_handles"):
             raise AttributeError(name)
-        cache = self._endpoint_cache
-        ep = cache.get(name)
-        if ep is not None:
-            return ep
         ref = self._ref
         prop = endpoint_table(ref.cls).get(name)
         if prop is not None:
-            ep = cache[name] = ActorEndpoint(self, ref, name, prop)
+            # Kept as an instance attribute: later lookups find it without calling this method.
+            ep = self.__dict__[name] = ActorEndpoint(self, ref, name, prop)
             return ep
         if callable(getattr(ref.cls, name, None)):
             return NotAnEndpoint(self, ref, name)

@@ -34,8 +34,7 @@ class OnceCollector(PortHandler):
         self.open()
 
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
-        self.close()
-        self.stop_expecting()
+        self.close()  # closed, it expects nothing (see PortHandler.expect_from)
         if is_exception:
             set_exception(self.future, value)
         else:

@@ -58,7 +58,7 @@ def install(rt: Runtime) -> None:
         framework_log.setup_client()  # a worker's bootstrap set up its own already
     log_prefix.install()
 
-    rt.register(protocol.MSG_KIND, handle_message)
+    rt.register(protocol.MSG_KIND, handle_message, queues_only=True)
     rt.register(protocol.SPAWN_KIND, handle_spawn)
     rt.register(protocol.PORT_KIND, port.handle_port_frame)
     rt.register(protocol.PORT_BATCH_KIND, port.handle_port_batch)

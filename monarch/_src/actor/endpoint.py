@@ -23,7 +23,8 @@ from monarch._src.actor.future import Future, forbid_waiting
 from monarch._src.actor.port import Port, PortHandler, port_receiver
 from monarch._src.actor.process_state import runtime, this_process
 from monarch._src.wire import payload
-from monarch._src.wire.protocol import ACTOR, message
+from monarch._src.wire.frame import HeaderTemplate
+from monarch._src.wire.protocol import ACTOR, REPLY_PORT, message
 
 if TYPE_CHECKING:
     import inspect
@@ -69,7 +70,7 @@ def _deliver_here(rt: Runtime, header: dict, call: tuple[tuple, dict]) -> None:
     if inst is not None:
         inst.post_message(header, call)
     else:  # not here (any more): the router answers for it, with pickled bodies as ever
-        rt.send(rt.address, header, payload.dumps_call(*call))
+        rt.send(rt.address, header, payload.dumps(call))
 
 
 class EndpointProperty(Generic[R]):
@@ -200,13 +201,19 @@ def _decorate(
 class ActorEndpoint(Generic[R]):
     """``mesh.method`` on a spawned mesh: the adverbs that send it."""
 
-    __slots__ = ("_mesh", "_ref", "_name", "_prop")
+    __slots__ = ("_mesh", "_ref", "_name", "_prop", "_size", "_label_text", "_templates")
 
     def __init__(self, mesh: ActorMesh[Any], ref: MeshRef, name: str, prop: EndpointProperty[R]) -> None:
         self._mesh = mesh
         self._ref = ref
         self._name = name
         self._prop = prop
+        #: The number of actors called; a mesh reference's shape never changes.
+        self._size = len(ref.shape)
+        self._label_text = f"{ref.name}.{name}"
+        #: The header of a message to each of ``ref.destinations()``, all but its reply port
+        #: packed once (made on the first send: most endpoints of a mesh are never called).
+        self._templates: list[HeaderTemplate] | None = None
 
     def send_to_port(self, args: tuple, kwargs: dict, port: Port[Any] | None, selection: Selection) -> None:
         """Internal, for ``monarch.actor.send``: send with every reply going to ``port`` (if any),
@@ -220,7 +227,7 @@ class ActorEndpoint(Generic[R]):
 
     def _label(self) -> str:
         """``mesh.endpoint``, naming the calls in errors of the replies."""
-        return f"{self._ref.name}.{self._name}"
+        return self._label_text
 
     def _send(
         self,
@@ -262,14 +269,19 @@ class ActorEndpoint(Generic[R]):
         elif not args and not kwargs:
             bodies = _NO_ARGS
         else:
+            bodies = payload.dumps_plain_call(args, kwargs)
+        if bodies is None and not as_is:
             pickling = pickling_for.set((ref.key, dests))
             try:
-                bodies = payload.dumps_call(args, kwargs)
+                bodies = payload.dumps((args, kwargs))
             finally:
                 pickling_for.reset(pickling)
         port_spec: list[Any] | None
         if reply is not None:
-            remote = [a for _, a in dests if a != rt.address]
+            if len(dests) == 1:  # call_one
+                remote = [dests[0][1]] if dests[0][1] != rt.address else []
+            else:
+                remote = [a for _, a in dests if a != rt.address]
             # Replies from other processes come to the address of the loop the call is made on,
             # which reads them itself (``loop_replies``); actors here reply without a socket.
             port_spec = [rt.reply_address() if remote else rt.address, reply.port_id]
@@ -287,9 +299,17 @@ class ActorEndpoint(Generic[R]):
             _deliver_here(rt, header, (args, dict(kwargs) if kwargs else kwargs))
         elif multicast.forwarders:  # some procs of this job are on hosts run by agents
             multicast.send(dests, key, name, port_spec, extent, bodies, gather)
-        else:
+        elif extent is _NO_EXTENT:
             for rank, address in dests:
                 rt.send(address, message(key, name, port_spec, rank, extent), bodies)
+        else:
+            templates = self._templates
+            if templates is None:
+                templates = self._templates = [
+                    HeaderTemplate(message(key, name, None, rank, extent), REPLY_PORT) for rank, _ in dests
+                ]
+            for template, (_, address) in zip(templates, dests):
+                rt.send_templated(address, template, port_spec, bodies)
         return dests
 
     def _collect(
@@ -301,7 +321,7 @@ class ActorEndpoint(Generic[R]):
         gather: bool = False,
     ) -> None:
         """Send with ``collector`` as the reply port; a known-failed mesh fails it at once."""
-        collector.label = self._label()
+        collector.label = self._label_text
         try:
             self._ref.check_usable(self._name)
             sent = self._send(args, kwargs, selection=selection, reply=collector, gather=gather)
@@ -345,7 +365,7 @@ class ActorEndpoint(Generic[R]):
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the endpoint on the mesh's single actor and get its reply; ``ValueError`` on a mesh
         of more than one actor, which ``call`` or ``choose`` serve."""
-        n = len(self._mesh)
+        n = self._size
         if n != 1:
             raise ValueError(f"call_one requires exactly 1 actor, but mesh has {n}")
         collector = OnceCollector()
@@ -361,14 +381,14 @@ class ActorEndpoint(Generic[R]):
     def call(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the endpoint on every actor of the mesh; the Future gives a ``ValueMesh`` of the replies,
         or raises the first ``ActorError``/``SupervisionError`` if any call fails."""
-        collector = GatherCollector(self._ref.shape_renumbered(), len(self._mesh))
+        collector = GatherCollector(self._ref.shape_renumbered(), self._size)
         self._collect(collector, args, kwargs, gather=True)
         return collector.future
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Call the endpoint on every actor; yields one Future per actor, each the next reply to arrive,
         to act on fast replies without waiting for slow ones."""
-        collector = StreamCollector(len(self._mesh))
+        collector = StreamCollector(self._size)
         self._collect(collector, args, kwargs)
         return iter(collector.futures)
 

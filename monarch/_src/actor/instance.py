@@ -111,6 +111,12 @@ class ActorInstance:
         self.is_async = cls is not None and is_async_actor(cls)
         self._endpoints: dict[str, EndpointProperty[Any]] = endpoint_table(cls) if cls is not None else {}
         self._queue: queue.SimpleQueue[Any] | None = None
+        #: A sync actor's messages of the socket read the loop routes now, queued together
+        #: once it is routed (``_hand_over``): its thread wakes once per read, not per message.
+        self._batch: list[tuple] | None = None
+        self._loop_ident: int | None = None
+        #: ``Runtime.after_this_read``, for a sync actor (set with its queue).
+        self._after_this_read: Callable[[Callable[[], None]], bool] | None = None
         self._deque: collections.deque[Any] = collections.deque()
         self._wakeup: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -194,6 +200,9 @@ class ActorInstance:
         else:
             self._queue = queue.SimpleQueue()
             self._queue.put((INIT, None, init))
+            rt = runtime()
+            self._loop_ident = rt.loop_thread.ident
+            self._after_this_read = rt.after_this_read
 
     def start(self) -> None:
         """Begin processing the mailbox (``__init__`` first)."""
@@ -222,6 +231,14 @@ class ActorInstance:
         """Queue a message, stop or supervision event in this actor's mailbox, run in arrival order."""
         q = self._queue
         if q is not None:
+            batch = self._batch
+            if batch is None:
+                if self._after_this_read(self._hand_over):  # type: ignore[misc]  # set with q
+                    self._batch = [item]
+                    return
+            elif threading.get_ident() == self._loop_ident:  # a batch exists while the loop routes a read
+                batch.append(item)
+                return
             q.put(item)
             if self.stopped:  # raced with the stop: nobody will take it from the queue
                 self._report_unrun(self._reject_queued())
@@ -231,6 +248,15 @@ class ActorInstance:
             self._put_on_loop(item)
         else:
             rt.loop.call_soon_threadsafe(self._put_on_loop, item)
+
+    def _hand_over(self) -> None:
+        """(loop thread) Queue the messages of the read just routed for this actor's thread."""
+        batch, self._batch = self._batch, None
+        q = self._queue
+        for item in batch or ():
+            q.put(item)  # type: ignore[union-attr]
+        if self.stopped:  # raced with the stop: nobody will take them from the queue
+            self._report_unrun(self._reject_queued())
 
     def _put_on_loop(self, item: tuple) -> None:
         self._deque.append(item)
@@ -397,7 +423,7 @@ class ActorInstance:
 
     def _handle_sync(self, header: dict, bodies: list | tuple[tuple, dict]) -> None:
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)
-        done = self._take_message_done()
+        done, self._message_done = self._message_done, None  # see _take_message_done
         if fn is None:
             _run_callbacks(done)
             return
@@ -417,7 +443,8 @@ class ActorInstance:
         else:
             self._reply(reply, explicit, header[ENDPOINT], result)
         finally:
-            _run_callbacks(done)
+            if done is not None:
+                _run_callbacks(done)
 
     async def _handle_async(self, header: dict, bodies: list | tuple[tuple, dict]) -> None:
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)

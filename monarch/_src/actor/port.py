@@ -22,17 +22,17 @@ from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.future import Future, pending_future, set_exception, set_result
 from monarch._src.actor.process_state import runtime
 from monarch._src.wire import payload
+from monarch._src.wire.frame import HeaderTemplate
 from monarch._src.wire.protocol import FLAG_EXCEPTION, FLAGS, PORT_ID, RANK, REPLIES, port_value
 
 R = TypeVar("R")
 
 
 _port_ids = itertools.count(1)
-#: port id -> handler. Plain dict: single operations are atomic under the GIL.
+#: port id -> handler. Plain dict: single operations are atomic under the GIL. The handlers
+#: waiting on a reply from a process are found here when it dies (``waiting_on``): a death is
+#: rare, a call is not, so a call registers nothing else.
 _handlers: dict[int, PortHandler] = {}
-#: destination address -> handlers waiting on a reply from it, failed if that process dies.
-_waiting_on: dict[str, set[PortHandler]] = collections.defaultdict(set)
-_waiting_lock = threading.Lock()
 
 
 class PortHandler:
@@ -63,15 +63,15 @@ class PortHandler:
         return self.port_id
 
     def close(self) -> None:
-        """Unregister the port id: later frames to it are dropped as having no receiver."""
+        """Unregister the port id: later frames to it are dropped as having no receiver, and
+        the death of a process it expected a reply from no longer fails it."""
         _handlers.pop(self.port_id, None)
 
     def expect_from(self, addresses: Iterable[str]) -> None:
-        """Fail this handler if a process it waits on dies (at once if one already has)."""
-        self._addresses = addresses = set(addresses)
-        with _waiting_lock:
-            for a in addresses:
-                _waiting_on[a].add(self)
+        """Fail this handler if a process it waits on dies (at once if one already has). Only
+        open handlers are looked at when a process dies (``waiting_on``); a list of addresses
+        is kept as given, not copied."""
+        self._addresses = addresses = addresses if type(addresses) is list else set(addresses)
         if supervision.dead_processes:
             for a in addresses:
                 report = supervision.dead_processes.get(a)
@@ -82,31 +82,20 @@ class PortHandler:
 
     def stop_expecting(self) -> None:
         """Stop watching the processes given to ``expect_from`` (the reply came, or none will be sent)."""
-        addresses = self._addresses
-        if not addresses:
-            return
         self._addresses = ()
-        with _waiting_lock:
-            for a in addresses:
-                s = _waiting_on.get(a)
-                if s is not None:
-                    s.discard(self)
-                    if not s:
-                        del _waiting_on[a]
 
 
 def fail_waiting_on(address: str, exc_factory: Any) -> None:
-    """Fail every pending reply expected from the process at ``address``."""
-    with _waiting_lock:
-        handlers = list(_waiting_on.pop(address, ()))
-    for h in handlers:
+    """Fail every pending reply expected from the process at ``address`` (once each)."""
+    for h in waiting_on(address):
+        rest = h._addresses
+        h._addresses = [a for a in rest if a != address]
         h.fail(exc_factory(h))
 
 
 def waiting_on(address: str) -> list[PortHandler]:
-    """The handlers now waiting on a reply from the process at ``address``."""
-    with _waiting_lock:
-        return list(_waiting_on.get(address, ()))
+    """The open handlers now waiting on a reply from the process at ``address``."""
+    return [h for h in list(_handlers.values()) if address in h._addresses]
 
 
 def handler_of(port_id: int | None) -> PortHandler | None:
@@ -121,7 +110,7 @@ def handle_port_frame(header: dict, bodies: list) -> None:
     if handler.raw_frames:
         handler.deliver_frame(header, bodies)
         return
-    _deliver(handler, header.get(RANK), bodies, bool(header.get(FLAGS, 0) & FLAG_EXCEPTION))
+    _deliver(handler, header.get(RANK), bodies, FLAGS in header and bool(header[FLAGS] & FLAG_EXCEPTION))
 
 
 def handle_port_batch(header: dict, bodies: list) -> None:
@@ -178,7 +167,13 @@ class Port(Generic[R]):
             if not handler.raw_frames:
                 handler.deliver(self._rank, obj, bool(flags & FLAG_EXCEPTION))
                 return
-        rt.send(self._address, port_value(self._port_id, self._rank, flags), payload.dumps(obj))
+        if flags:
+            rt.send(self._address, port_value(self._port_id, self._rank, flags), payload.dumps(obj))
+            return
+        template = _value_templates.get(self._rank)
+        if template is None:
+            template = _value_templates[self._rank] = HeaderTemplate(port_value(0, self._rank, 0), PORT_ID)
+        rt.send_templated(self._address, template, self._port_id, payload.dumps(obj))
 
     def reply_to(self) -> list[Any]:
         """Internal: ``[process address, port id]``, the reply-port field of a message header."""
@@ -195,6 +190,8 @@ class Port(Generic[R]):
 
 
 DROPPING_PORT: Port[Any] = Port("", 0)
+#: The header of a value sent to a port, by the rank it is from; only the port id differs.
+_value_templates: dict[int | None, HeaderTemplate] = {}
 
 
 def port_receiver(port: Port[Any]) -> PortReceiver[Any] | None:

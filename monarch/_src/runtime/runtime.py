@@ -19,7 +19,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from monarch._src.runtime import job_files, shm
 from monarch._src.runtime.config import CONFIG, transport_of_config
@@ -30,7 +30,7 @@ from monarch._src.transport import auth, tls
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
 from monarch._src.transport.outgoing import OutgoingConnection
-from monarch._src.wire.frame import FrameTooLargeError, encode_frame
+from monarch._src.wire.frame import FrameTooLargeError, HeaderTemplate, encode_frame
 from monarch._src.wire.protocol import (
     KIND,
     PEER_HELLO_KIND,
@@ -110,7 +110,11 @@ class Runtime:
             listen_sock = self.new_listen_socket()
         self.address = addresses.of_listening_socket(listen_sock)
         #: Frames that arrive over TCP come from another host: they must carry every byte.
-        self._on_frame = self._receive if addresses.is_unix(self.address) else self._receive_from_other_host
+        unix = addresses.is_unix(self.address)
+        self._on_frame = self._receive if unix else self._receive_from_other_host
+        #: For connections to loops' reply addresses, read by those loops' threads as well as
+        #: this one's: no per-read batching (``after_this_read`` is the runtime loop's alone).
+        self._on_reply_frame = self._route_received if unix else self._route_from_other_host
         self._handlers: dict[int, Handler] = {}
         self._conns: dict[str, OutgoingConnection] = {}
         self._conns_lock = threading.Lock()
@@ -125,6 +129,11 @@ class Runtime:
         self._said_before: dict[IncomingConnection, Previous] = {}
         #: Peers' connections that closed, until the peer's next hello settles what was lost.
         self._drops: dict[tuple[str, str], _Drop] = {}
+        #: While the loop routes the frames of one read: what they asked to run once it is
+        #: routed (``after_this_read``); None between reads.
+        self._after_read: list[Callable[[], None]] | None = None
+        #: Kinds whose handlers only queue work (see ``register``).
+        self._queueing_kinds: set[int] = set()
         self.closed = False
         self.loop_thread = LoopThread()
         self.loop = self.loop_thread.loop
@@ -132,7 +141,7 @@ class Runtime:
         #: Reply addresses read by the loops that calls are awaited on (not under TLS).
         self.loop_replies = LoopReplies(
             self,
-            RuntimeHooks(self._on_frame, self._reject, self._first_frame, self._incoming_closed),
+            RuntimeHooks(self._on_reply_frame, self._reject, self._first_frame, self._incoming_closed),
             enabled=self._tls is None,
         )
         self._reply_addresses = self.loop_replies.addresses
@@ -203,8 +212,15 @@ class Runtime:
 
     # -- routing --------------------------------------------------------------------------------
 
-    def register(self, kind: int, handler: Handler) -> None:
+    def register(self, kind: int, handler: Handler, queues_only: bool = False) -> None:
+        """Route frames of ``kind`` to ``handler``. ``queues_only``: it only queues work (for an
+        actor's thread) and never waits on the loop, so frames of its kind may leave what they
+        queued to be handed over at the end of their read (``after_this_read``); a frame of any
+        other kind first has what the frames before it queued handed over, as its handler may
+        wait for that (unpickling a distributed tensor waits for its worker's earlier ops)."""
         self._handlers[kind] = handler
+        if queues_only:
+            self._queueing_kinds.add(kind)
 
     def on_peer_lost(self, callback: PeerLostCallback) -> None:
         """``callback(address, reason)`` when the peer at ``address`` is taken for dead: its
@@ -241,6 +257,21 @@ class Runtime:
         except Exception:
             logger.exception("handler for frame kind %r failed", header.get(KIND))
 
+    def after_this_read(self, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` on the loop thread once every frame of the socket read being routed now
+        was routed (a batch of messages for one actor wakes its thread once); False, with
+        nothing scheduled, outside such routing (another thread, a timer, a local send)."""
+        pending = self._after_read
+        if pending is None or threading.get_ident() != self.loop_thread.ident:
+            return False
+        pending.append(fn)
+        return True
+
+    def _read_routed(self) -> None:
+        pending, self._after_read = self._after_read, None
+        if pending:
+            _run_each(pending)
+
     def send(self, address: str, header: dict, bodies: list, keep: bool = False) -> None:
         """Deliver one message; callable from any thread. Raises FrameTooLargeError at once.
 
@@ -262,12 +293,24 @@ class Runtime:
         if len(bodies) > 1 and shm.available() and addresses.is_unix(address):
             # Only a Unix socket's peer surely shares this host's /dev/shm (see ``address``).
             bodies = self._shm.export(address, header, bodies)
-        buffers = encode_frame(header, bodies, self.max_frame_bytes)
         # A reply is tagged with its port id, a frame to keep with its header: should the
         # connection drop, the peer learns whether it was written on it (see ``_settle``).
         tag = header if keep else header.get(PORT_ID)
         if tag.__class__ is not int and not keep:
             tag = None
+        self._write(address, encode_frame(header, bodies, self.max_frame_bytes), tag)
+
+    def send_templated(self, address: str, template: HeaderTemplate, value: Any, bodies: list) -> None:
+        """``send(address, template.header(value), bodies)``; a frame of one body to another
+        process (most calls and replies) is encoded from the template, which costs less."""
+        if len(bodies) != 1 or address == self.address or self.closed or self._shm.given_back:
+            self.send(address, template.header(value), bodies)
+            return
+        # Tagged as ``send`` tags it: a reply, by its port id.
+        tag = value if value.__class__ is int and template.varying == PORT_ID else None
+        self._write(address, template.encode(value, bodies, self.max_frame_bytes), tag)
+
+    def _write(self, address: str, buffers: list, tag: Any) -> None:
         conn = self._conns.get(address)
         if conn is None or conn.closed:
             conn = self._connect(address)
@@ -283,8 +326,25 @@ class Runtime:
 
     def _receive(self, header: dict, bodies: list) -> None:
         """A frame from another process: map its shared-memory buffers, then route it."""
+        pending = self._after_read
+        if pending is None:
+            self._after_read = []  # until the end of this read (_read_routed)
+        elif pending and header.get(KIND) not in self._queueing_kinds:
+            self._after_read = []  # its handler may wait for what was queued: hand it over now
+            _run_each(pending)
+        self._route_received(header, bodies)
+
+    def _route_received(self, header: dict, bodies: list) -> None:
+        """Map a received frame's shared-memory buffers, then route it (any thread)."""
         if SHM_MOVED not in header:  # most frames: nothing to map
-            self.dispatch(header, bodies)
+            handler = self._handlers.get(header.get(KIND))  # type: ignore[arg-type]
+            if handler is None:
+                self.dispatch(header, bodies)  # logs it
+                return
+            try:
+                handler(header, bodies)
+            except Exception:
+                logger.exception("handler for frame kind %r failed", header.get(KIND))
             return
         try:
             self._shm.receive(header, bodies)
@@ -308,17 +368,27 @@ class Runtime:
 
     def _receive_from_other_host(self, header: dict, bodies: list) -> None:
         """A frame that came over TCP: it may not name files of this host's /dev/shm."""
-        if header.get(SHM_MOVED):
-            logger.error("rejecting a message from another host that refers to shared memory")
-            self._reject(
-                header,
-                ValueError(
-                    "a message that arrived over TCP referred to shared-memory files; only "
-                    "processes of one host, connected by Unix sockets, share memory"
-                ),
-            )
-            return
-        self.dispatch(header, bodies)
+        if not self._names_shared_memory(header):
+            self._receive(header, bodies)  # nothing to map: routed as any frame
+
+    def _route_from_other_host(self, header: dict, bodies: list) -> None:
+        """``_receive_from_other_host`` for a loop's reply connection (see ``_on_reply_frame``)."""
+        if not self._names_shared_memory(header):
+            self._route_received(header, bodies)
+
+    def _names_shared_memory(self, header: dict) -> bool:
+        """Whether a frame from another host names shared memory, which it cannot: rejected."""
+        if not header.get(SHM_MOVED):
+            return False
+        logger.error("rejecting a message from another host that refers to shared memory")
+        self._reject(
+            header,
+            ValueError(
+                "a message that arrived over TCP referred to shared-memory files; only "
+                "processes of one host, connected by Unix sockets, share memory"
+            ),
+        )
+        return True
 
     def _connect(self, address: str) -> OutgoingConnection:
         with self._conns_lock:
@@ -409,6 +479,7 @@ class Runtime:
             on_close=self._incoming_closed,
             name=f"<-{self.address}",
             local_address=self.address,
+            on_read_done=self._read_routed,
         )
         self._incoming.add(conn)
         return conn
@@ -567,6 +638,15 @@ def _link(conn: IncomingConnection) -> tuple[str, str]:
     """A peer's connection to one address of this process (its own, or a loop's reply address,
     see ``loop_replies``): each is dropped and replaced, and its frames counted, on its own."""
     return conn.peer, conn.local_address  # type: ignore[return-value]
+
+
+def _run_each(work: list[Callable[[], None]]) -> None:
+    """Run what frames of a read asked for (``after_this_read``); one failing stops no other."""
+    for fn in work:
+        try:
+            fn()
+        except Exception:
+            logger.exception("work scheduled after a read failed")
 
 
 def _leave_job_in_fork_child() -> None:

@@ -70,7 +70,10 @@ class IncomingConnection(asyncio.BufferedProtocol):
         on_close: Callable[[IncomingConnection, BaseException | None], None] | None = None,
         name: str = "",
         local_address: str = "",
+        on_read_done: Callable[[], None] | None = None,
     ) -> None:
+        """``on_read_done``: told after the frames of each read from the socket were handed to
+        ``on_frame``, so that work they call for can be done once per read."""
         self.name = name
         #: The address of this process the peer connected to.
         self.local_address = local_address
@@ -80,6 +83,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self.on_frame = on_frame
         self._on_reject = on_reject
         self._on_close = on_close
+        self._on_read_done = on_read_done
         self.transport: asyncio.Transport | None = None
         self.authenticated = False
         self.closed = False
@@ -160,6 +164,9 @@ class IncomingConnection(asyncio.BufferedProtocol):
             self._parse()
         except (FrameError, auth.HandshakeError) as e:
             self.abort(e)
+        finally:
+            if self._on_read_done is not None:
+                self._on_read_done()
 
     def eof_received(self) -> bool:
         return False
@@ -218,7 +225,8 @@ class IncomingConnection(asyncio.BufferedProtocol):
                 if hlen <= MAX_HEADER_BYTES and hend <= end:
                     header = decode_header(buf[start + PREFIX_SIZE : hend])
                     lengths = header[BODY_LENGTHS]
-                    if hend + sum(lengths) <= end and hlen + sum(lengths) <= self._max_frame:
+                    size = sum(lengths)
+                    if hend + size <= end and hlen + size <= self._max_frame:
                         bodies = []
                         pos = hend
                         for n in lengths:

@@ -56,7 +56,8 @@ RETRY_MAX_S = 1.0
 MAX_IOV = 512
 #: Frames sent closer together than this on one connection form a burst, which is corked.
 BURST_GAP_S = 50e-6
-#: A corked burst is written once this many buffers (three per frame, or more) are queued.
+#: A corked burst is written once this many buffers are queued (one per small frame, see
+#: ``frame.JOIN_BYTES``; three or more per large one).
 CORK_BUFFERS = 192
 #: How many tagged frames a connection remembers (``sent_tags``): after it dropped, its owner
 #: tells the peer which of them it had written, so that the peer knows which ones it lost.
@@ -126,6 +127,9 @@ class OutgoingConnection:
         self._flush_scheduled = False
         self._last_direct_send = 0.0
         self._last_corked = 0.0
+        #: The thread that noted this connection in its corked list last (``note_corked``) and
+        #: has not written it since: its further frames need not note it again.
+        self._noted_by: int | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.authenticated = False
         self.closed = False
@@ -154,14 +158,16 @@ class OutgoingConnection:
                 self._tags.append((self.frames_sent, tag))
             self.frames_sent += 1
             q = self._queue
-            on_loop = threading.get_ident() == self._loop_ident
+            ident = threading.get_ident()
+            on_loop = ident == self._loop_ident
             if not self.authenticated or q or self._flush_scheduled:
                 q.extend(buffers)
                 if not on_loop and self.authenticated:  # else the handshake's end flushes it
                     self._last_corked = time.monotonic()
                     if len(q) >= CORK_BUFFERS:
                         self._write_queued()
-                    else:
+                    elif self._noted_by != ident:
+                        self._noted_by = ident
                         note_corked(self)
                 return
             now = time.monotonic()
@@ -173,6 +179,7 @@ class OutgoingConnection:
                     return
                 self._last_corked = now
                 self._loop.call_soon_threadsafe(self._flush)
+                self._noted_by = ident
                 note_corked(self)
                 return
             self._last_direct_send = now
@@ -184,13 +191,13 @@ class OutgoingConnection:
             except OSError as e:
                 call_soon(self._fail, e)
                 return
-            total = 0
-            for b in buffers:
-                view = memoryview(b).cast("B")
-                n = view.nbytes
-                if total + n > sent:
-                    q.append(view[max(0, sent - total) :])
-                total += n
+            for b in buffers:  # what the kernel did not take is queued
+                n = _nbytes(b)
+                if sent >= n:
+                    sent -= n
+                    continue
+                q.append(memoryview(b).cast("B")[sent:] if sent else b)
+                sent = 0
             if q:
                 self._flush_scheduled = True
                 call_soon(self._flush)
@@ -227,6 +234,7 @@ class OutgoingConnection:
 
     def write_corked(self) -> None:
         with self._lock:
+            self._noted_by = None
             if self._queue and self.authenticated and not self.closed:
                 self._write_queued()
 

@@ -173,15 +173,15 @@ def call_needs_no_copy(args: tuple, kwargs: dict) -> bool:
     return not kwargs or all(needs_no_copy(v) for v in kwargs.values())
 
 
-def dumps_call(args: tuple, kwargs: dict) -> list[Any]:
-    """``dumps((args, kwargs))``, fastest for the common call with a few scalar arguments."""
+def dumps_plain_call(args: tuple, kwargs: dict) -> list[Any] | None:
+    """``dumps((args, kwargs))`` of the common call with a few scalar arguments, by the C
+    pickler alone (the same bytes as cloudpickle's); None for any other call."""
     if not kwargs and len(args) <= 8:
         for a in args:
             if type(a) not in _SCALARS:
-                break
-        else:
-            return [pickle.dumps((args, kwargs), 5)]
-    return dumps((args, kwargs))
+                return None
+        return [pickle.dumps((args, kwargs), 5)]
+    return None
 
 
 def dumps(obj: Any) -> list[Any]:
