@@ -15,8 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
-from helpers import REPO, run_python, run_python_with_private_shm, wait_gone
+from helpers import REPO, run_python, run_python_with_private_shm, wait_gone, wait_until
 
 ELEMS = (4 << 20) // 8  # 4 MiB of float64: through shared memory
 
@@ -128,8 +129,13 @@ def test_files_of_a_killed_client_are_removed_by_the_next_client(tmp_path):
     try:
         line = proc.stdout.readline()
         socket_dir, tag, worker = json.loads(line)
-        # The worker too, first: left alive, it would notice its client's death and, last of
-        # the job, clean up itself (tests/test_orphans.py covers that). Here nobody is left.
+        # The client is frozen first: it would notice its worker's death and clean up itself.
+        # The worker is killed next: left alive, it would notice its client's death and, last
+        # of the job, clean up itself (tests/test_orphans.py covers that). Here nobody is left.
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_until(
+            lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED, 10, "the client to stop"
+        )
         os.kill(worker, signal.SIGKILL)
         assert wait_gone([worker]) == []
     finally:
