@@ -263,19 +263,15 @@ class ActorEndpoint(Generic[R]):
             and dests[0][1] == rt.address  # never behind a forwarder: no sequence number to stamp
             and payload.call_needs_no_copy(args, kwargs)
         )
-        bodies: list[Any] | None
-        if as_is:
-            bodies = None
-        elif not args and not kwargs:
-            bodies = _NO_ARGS
-        else:
-            bodies = payload.dumps_plain_call(args, kwargs)
-        if bodies is None and not as_is:
-            pickling = pickling_for.set((ref.key, dests))
-            try:
-                bodies = payload.dumps((args, kwargs))
-            finally:
-                pickling_for.reset(pickling)
+        bodies: list[Any] | None = None  # None: the arguments go as they are (_deliver_here)
+        if not as_is:
+            bodies = _NO_ARGS if not args and not kwargs else payload.dumps_plain_call(args, kwargs)
+            if bodies is None:  # not a few scalars: cloudpickle, which may pickle references
+                pickling = pickling_for.set((ref.key, dests))
+                try:
+                    bodies = payload.dumps((args, kwargs))
+                finally:
+                    pickling_for.reset(pickling)
         port_spec: list[Any] | None
         if reply is not None:
             if len(dests) == 1:  # call_one
