@@ -60,7 +60,14 @@ async def test_procs_a_host_could_not_start_from_a_coroutine_are_reported_failed
     from monarch.actor import SupervisionError
 
     faults: list[object] = []
-    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    reported = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def hook(failure: object) -> None:  # the owner's report may come after the call's error
+        faults.append(failure)
+        loop.call_soon_threadsafe(reported.set)
+
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", hook)
     monkeypatch.setenv("MONARCH_TEST_HOSTS", "local:1")
     async with hosts_from_config("MONARCH_TEST_HOSTS") as hosts:
         (host,) = hosts._hosts
@@ -68,5 +75,6 @@ async def test_procs_a_host_could_not_start_from_a_coroutine_are_reported_failed
         procs = hosts.spawn_procs()
         with pytest.raises(SupervisionError, match="could not be started on the host of agent"):
             await procs.spawn("pid", Pid).pid.call_one()
-        assert faults and "could not be started" in str(faults[0])
+        await asyncio.wait_for(reported.wait(), timeout=10)
+        assert "could not be started" in str(faults[0])
         assert await hosts.spawn_procs().spawn("pid", Pid).pid.call_one() > 0  # other spares serve
