@@ -39,6 +39,25 @@ def wait_until(pred: Callable[[], Any], timeout: float = 30.0, what: str = "cond
         time.sleep(0.01)
 
 
+def _cuda_usable() -> bool:
+    """Whether the driver lists a GPU and torch can use it (torch imported only where there is one)."""
+    from monarch._src.launch.cli import cuda_device_count
+
+    if cuda_device_count() == 0:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+#: The GPU tests' mark: they run on a machine with an NVIDIA GPU, and elsewhere say why not.
+requires_cuda = pytest.mark.skipif(
+    not _cuda_usable(),
+    reason="needs an NVIDIA GPU that torch can use (none here: the driver lists no GPU, or torch "
+    "is a CPU build); these tests run on the GPU machine",
+)
+
+
 def alive(procs: Iterable[psutil.Process | int]) -> list[psutil.Process]:
     """Those of ``procs`` (processes or pids) still running; a zombie counts as gone: only its
     reaping is left."""

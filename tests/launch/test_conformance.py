@@ -197,11 +197,11 @@ def test_ddp_final_loss_matches_after_a_restart_and_as_an_actor_mesh(tmp_path, s
     shutil.copy(REPO / "examples" / "train_ddp.py", script)
     args = [str(script), "--epochs", "2", "--steps", "10"]
     rt = torchrun("--nproc-per-node=2", *args, timeout=150)
-    if rt.rc != 0 and "Signal 6 (SIGABRT)" in rt.err:
-        # torch's gloo teardown now and then aborts a worker after its last line (seen under
-        # real torchrun in CI); the reference loss is what this test needs, so run it again.
-        rt = torchrun("--nproc-per-node=2", *args, timeout=150)
-    assert rt.rc == 0, rt
+    if rt.rc != 0:
+        # torch's gloo teardown now and then aborts a worker after training ended (SIGABRT,
+        # seen under real torchrun in CI, twice in a row under load): the reference needs only
+        # the final loss it printed, which the assertion on ``final_t`` below checks.
+        assert "Signal 6 (SIGABRT)" in rt.err and "final loss" in rt.out, rt
     # Ours crashes rank 1 on the first attempt and restarts: a fresh rendezvous makes the
     # restart work (torchrun 2.13's stale store can hang there), and training from the
     # same seed gives the same loss.

@@ -90,8 +90,9 @@ def _check_timeout(timeout: float) -> float:
 
 
 class RDMABuffer:
-    """A registered 1-D contiguous CPU tensor or C-contiguous memoryview, shared without a
-    copy: pass it in messages; any actor holding it reads or writes the bytes one-sidedly."""
+    """A registered 1-D contiguous tensor (CPU or CUDA) or C-contiguous memoryview, shared
+    without a copy: pass it in messages; any actor holding it reads or writes the bytes
+    one-sidedly."""
 
     __slots__ = ("_remote",)
 
@@ -108,7 +109,13 @@ class RDMABuffer:
         owner = str(context().actor_instance.actor_id)
         buffer_id = local_registry().register(memory)
         self._remote = RemoteBuffer(
-            runtime().address, vm_copy.host_identity(), buffer_id, memory.size, owner, memory.readonly
+            runtime().address,
+            vm_copy.host_identity(),
+            buffer_id,
+            memory.size,
+            owner,
+            memory.readonly,
+            memory.device,
         )
 
     @property

@@ -130,6 +130,8 @@ class Registry:
             reg = self._buffers.get(buffer_id)
             if reg is None or reg.drop_waiters is not None:
                 raise BufferDropped(buffer_id)
+            if reg.memory.device_tensor is not None:
+                raise ValueError(f"buffer {buffer_id} is {reg.memory.device} memory: read it in chunks")
             pin_id = next(self._ids)
             reg.pins[pin_id] = (holder, time.monotonic() + timeout)
             self._pins[pin_id] = buffer_id
@@ -183,11 +185,11 @@ class Registry:
             if op == RDMA_READ:
                 end = offset + header[RDMA_LENGTH]
                 _check_range(offset, end, memory.size)
-                self._reply(reply, offset, memory.view[offset:end])
+                self._reply(reply, offset, memory.read(offset, end))
             elif op == RDMA_WRITE:
                 data = memoryview(bodies[1]).cast("B")
                 _check_range(offset, offset + data.nbytes, memory.size)
-                memory.view[offset : offset + data.nbytes] = data
+                memory.write(offset, data)
                 self._reply(reply, offset)
             else:
                 raise ValueError(f"unknown RDMA operation {op!r}")

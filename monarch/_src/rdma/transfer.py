@@ -15,7 +15,6 @@ error once the owner's process is found dead, or with ``TimeoutError`` at the de
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from monarch._src.actor.future import (
 from monarch._src.actor.port import PortHandler
 from monarch._src.actor.process_state import runtime
 from monarch._src.rdma import vm_copy
-from monarch._src.rdma.memory import LocalMemory
+from monarch._src.rdma.memory import LocalMemory, copy
 from monarch._src.rdma.notices import notice_served_transfer
 from monarch._src.rdma.registry import BufferDropped, dropped_error, local_registry
 from monarch._src.runtime.config import CONFIG
@@ -67,6 +66,8 @@ class RemoteBuffer:
     #: The owning actor's id, for messages.
     owner: str
     readonly: bool
+    #: ``"cpu"``, or the device type of the owner's tensor (reached by served chunks only).
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -116,20 +117,22 @@ def _start(op: Operation, timeout: float) -> Future[None]:
         if op.remote.address == rt.address:
             memory = local_registry().memory_of(op.remote.buffer_id, op.remote.owner)
             dst, src = (memory, op.local) if op.write else (op.local, memory)
-            ctypes.memmove(dst.address, src.address, op.size)
+            copy(dst, src, op.size)
             set_result(done, None)
         elif (
             CONFIG.rdma_backend == "auto"
             and op.remote.host == vm_copy.host_identity()
             and op.remote.host not in _vm_forbidden
+            and op.remote.device == op.local.device == "cpu"
         ):
             _VmTransfer(op, done).start(timeout)
         else:
-            why = (
-                "forced by MONARCH_RDMA_BACKEND=tcp"
-                if CONFIG.rdma_backend == "tcp"
-                else "the owner is on another host"
-            )
+            if CONFIG.rdma_backend == "tcp":
+                why = "forced by MONARCH_RDMA_BACKEND=tcp"
+            elif op.remote.host != vm_copy.host_identity():
+                why = "the owner is on another host"
+            else:
+                why = f"{op.remote.device if op.remote.device != 'cpu' else op.local.device} memory is staged through host memory"
             notice_served_transfer(why)
             _ServedTransfer(op, done).start()
     except Exception as e:
@@ -266,7 +269,7 @@ class _ServedTransfer:
         reply = self._replies.reply_to()
         if op.write:
             header = rdma(RDMA_WRITE, op.remote.buffer_id, reply, offset=offset)
-            runtime().send(op.remote.address, header, [b"", op.local.view[offset : offset + n]])
+            runtime().send(op.remote.address, header, [b"", op.local.read(offset, offset + n)])
         else:
             header = rdma(RDMA_READ, op.remote.buffer_id, reply, offset=offset, length=n)
             runtime().send(op.remote.address, header, [b""])
@@ -275,7 +278,7 @@ class _ServedTransfer:
         op = self._op
         if not op.write:
             data = memoryview(chunk).cast("B")
-            op.local.view[offset : offset + data.nbytes] = data
+            op.local.write(offset, data)
             n = data.nbytes
         else:
             n = min(self._chunk, op.size - offset)

@@ -7,6 +7,12 @@ its root mesh joins one process group (gloo, and NCCL for CUDA tensors where tor
 through a TCP store the client runs), and each set of procs that reduces together gets its own
 subgroup, created when first used by its members only.
 
+NCCL needs one GPU per rank: procs that share one (several procs of a one-GPU machine, none
+given its own ``CUDA_VISIBLE_DEVICES``) reduce CUDA tensors over gloo instead, through host
+memory, which is slower but gives the same values. Each proc tells the store which GPU it would
+use (its host, ``CUDA_VISIBLE_DEVICES`` and current device) when it joins, before any CUDA
+context exists, and every proc makes the same choice from the same list.
+
 Procs of other hosts reach the store at the client's address toward them (its runtime's own
 TCP address when it has one), and gloo talks on the interface of each proc's own TCP address
 (unless ``GLOO_SOCKET_IFNAME`` says otherwise): the host name, gloo's default, may resolve to
@@ -140,9 +146,31 @@ def join_world(store_host: str, store_port: int, world_size: int) -> None:
         if interface is not None:  # gloo (this group and its subgroups) talks where the proc listens
             os.environ["GLOO_SOCKET_IFNAME"] = interface
     store = dist.TCPStore(store_host, store_port, world_size, is_master=False)
-    # CUDA tensors reduce over NCCL where torch has it; CPU tensors always over gloo.
-    backend = "cpu:gloo,cuda:nccl" if dist.is_nccl_available() and torch.cuda.is_available() else "gloo"
+    global _nccl
+    _nccl = dist.is_nccl_available() and torch.cuda.is_available() and _own_gpus(store, world_size)
+    # CUDA tensors reduce over NCCL where every proc has a GPU of its own; CPU tensors over gloo.
+    backend = "cpu:gloo,cuda:nccl" if _nccl else "gloo"
     dist.init_process_group(backend, store=store, rank=root_rank(), world_size=world_size)
+
+
+#: Whether this proc's process group reduces CUDA tensors over NCCL (else: staged through gloo).
+_nccl = False
+
+
+def _own_gpus(store: Any, world_size: int) -> bool:
+    """Whether no two procs of the world would use the same GPU, judged without making a CUDA
+    context (a proc that never touches CUDA should not pay for one)."""
+    from monarch._src.rdma.vm_copy import host_identity
+
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    parts = visible.split(",") if visible else [str(i) for i in range(device + 1)]
+    gpu = parts[device] if device < len(parts) else f"#{device}"
+    store.set(f"monarch/gpu/{root_rank()}", f"{host_identity()}|{gpu}")
+    keys = [f"monarch/gpu/{rank}" for rank in range(world_size)]
+    store.wait(keys)
+    gpus = [store.get(key) for key in keys]
+    return len(set(gpus)) == len(gpus)
 
 
 def _subgroup(members: tuple[int, ...]) -> Any:
@@ -172,6 +200,13 @@ def collective(
     members = next(g for g in groups if me in g)
     group = _subgroup(members) if len(members) > 1 else None
     n = len(members)
+    if group is not None and t.device.type != "cpu" and not (_nccl and t.device.type == "cuda"):
+        staged = collective(t.cpu(), groups, reduction, scatter, None)
+        result = staged.to(t.device)
+        if out is not None:
+            out.copy_(result)
+            return out
+        return result
     if reduction == "stack":
         parts = [torch.empty_like(t) for _ in range(n)]
         if group is None:

@@ -45,6 +45,10 @@ _NEEDS_VALUES = {
 #: they make a distributed tensor of it, where other calls on client tensors stay local.
 _DATA_FACTORIES = {torch.tensor, torch.as_tensor}
 
+#: Calls that move a tensor between devices: on the procs they do; the client's meta stand-in
+#: stays on meta (and is a new tensor, as the procs' result may be).
+_DEVICE_MOVES = {torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.to}
+
 #: Calls without a tensor result that must still run on the procs.
 _REMOTE_EFFECTS = {torch.manual_seed, torch.random.manual_seed}
 
@@ -328,16 +332,28 @@ def meta_result(func: Any, args: tuple, kwargs: dict, handles: list[Tensor]) -> 
     entry = _results.get(key) if key is not None else None
     if entry is not None:
         return _rebuild(entry, handles)
+    meta_args = to_meta(args)
     meta_kwargs = to_meta(kwargs)
     if "device" in meta_kwargs:
         meta_kwargs["device"] = "meta"
+    if func in _DEVICE_MOVES:
+        meta_args, meta_kwargs = _moved_to_meta(func, meta_args, meta_kwargs)
+        func = torch.Tensor.to
     with torch.device("meta"):
-        result = func(*to_meta(args), **meta_kwargs)
+        result = func(*meta_args, **meta_kwargs)
     if key is not None:
         if len(_results) >= _RESULTS_LIMIT:
             _results.clear()
         _results[key] = _describe(result, handles)
     return result
+
+
+def _moved_to_meta(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments of ``Tensor.to`` that give a device move's result shape and dtype on meta."""
+    if func is not torch.Tensor.to:  # cuda(...), cpu(): same dtype
+        return (args[0], "meta"), {"copy": True}
+    moved = tuple("meta" if isinstance(a, (str, torch.device)) or type(a) is int else a for a in args[1:])
+    return (args[0], *moved), {**kwargs, "copy": True}
 
 
 def record(
