@@ -10,7 +10,7 @@ subgroup, created when first used by its members only.
 NCCL needs one GPU per rank: procs that share one (several procs of a one-GPU machine, none
 given its own ``CUDA_VISIBLE_DEVICES``) reduce CUDA tensors over gloo instead, through host
 memory, which is slower but gives the same values. Each proc tells the store which GPU it would
-use (its host, ``CUDA_VISIBLE_DEVICES`` and current device) when it joins, before any CUDA
+use (its machine, ``CUDA_VISIBLE_DEVICES`` and current device) when it joins, before any CUDA
 context exists, and every proc makes the same choice from the same list.
 
 Procs of other hosts reach the store at the client's address toward them (its runtime's own
@@ -159,14 +159,15 @@ _nccl = False
 
 def _own_gpus(store: Any, world_size: int) -> bool:
     """Whether no two procs of the world would use the same GPU, judged without making a CUDA
-    context (a proc that never touches CUDA should not pay for one)."""
-    from monarch._src.rdma.vm_copy import host_identity
-
+    context (a proc that never touches CUDA should not pay for one). One kernel (boot id) is
+    one machine, whose GPUs its processes share whatever their namespaces."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        machine = f.read().strip()
     device = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     parts = visible.split(",") if visible else [str(i) for i in range(device + 1)]
     gpu = parts[device] if device < len(parts) else f"#{device}"
-    store.set(f"monarch/gpu/{root_rank()}", f"{host_identity()}|{gpu}")
+    store.set(f"monarch/gpu/{root_rank()}", f"{machine}|{gpu}")
     keys = [f"monarch/gpu/{rank}" for rank in range(world_size)]
     store.wait(keys)
     gpus = [store.get(key) for key in keys]
