@@ -44,19 +44,22 @@ def message_rejected(header: dict, error: BaseException) -> None:
     logger.error("dropped an undeliverable message of kind %r: %s", kind, error)
 
 
-def connection_lost(address: str, reason: BaseException, replies: bool) -> Callable[[], None] | None:
+def connection_lost(
+    address: str, reason: BaseException, replies: bool
+) -> Callable[[frozenset[int]], None] | None:
     """A connection with ``address`` closed with messages on it: this process's calls to it, or
     (``replies``) its replies to this process, when which of them were lost cannot be known.
     Returns what to do if the process there turns out to be alive: fail the calls that were
-    waiting on it, and still are by then (None: none were)."""
+    waiting on it, and still are by then, but those on the ports it is told (their messages
+    had not left this process: they went on the new connection) (None: none were waiting)."""
     waiting = port.waiting_on(address)
     if not waiting:
         return None
 
-    def peer_alive() -> None:
+    def peer_alive(resent: frozenset[int]) -> None:
         still = set(port.waiting_on(address))
         for handler in waiting:
-            if handler in still:
+            if handler in still and handler.port_id not in resent:
                 _fail_lost(handler, address, reason, replies)
 
     return peer_alive

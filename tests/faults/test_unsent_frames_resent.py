@@ -1,0 +1,166 @@
+"""Messages still queued in the client when its connection to a worker fails are not lost.
+
+The worker is frozen (SIGSTOP), so its socket buffer fills with a burst of broadcasts and the
+rest of the burst, and the calls after it, wait in the client's queue: never handed to the
+kernel. The client's connection is then shut down from outside (found through ``ss`` and
+/proc, as a write error or ``ss -K`` would end it). If the worker lives on, the queued messages
+go first on the new connection, in order, exactly once: every call returns its value and every
+broadcast runs once, in order, with no failure reported. If the worker is killed instead, the
+calls fail with its death, the mesh's owner gets a ``MeshFailure``, and the client logs the
+messages it never sent; nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from typing import Any
+
+import pytest
+from fault_helpers import Probe, socket_path, worker_log
+from helpers import wait_until
+
+from monarch.actor import MeshFailure, SupervisionError, endpoint, this_host
+
+pytestmark = pytest.mark.timeout(120)
+
+PAD = b"x" * 1024
+#: Broadcasts in the burst: several times what the socket buffer can take.
+with open("/proc/sys/net/core/wmem_default") as f:
+    BURST = max(2000, 8 * int(f.read()) // len(PAD))
+CALLS = 20
+
+
+class Recorder(Probe):
+    """Records the sequence numbers of the broadcasts it receives, in the order they run."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @endpoint
+    async def record(self, seq: int, pad: bytes) -> None:
+        self.seen.append(seq)
+
+    @endpoint
+    async def recorded(self) -> list[int]:
+        return self.seen
+
+
+def _our_sockets() -> dict[int, int]:
+    """This process's sockets: inode -> descriptor."""
+    sockets = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            sockets[int(link[len("socket:[") : -1])] = int(fd)
+    return sockets
+
+
+def connections_to(address: str) -> list[tuple[int, int]]:
+    """This process's connections to the Unix socket ``address``: (descriptor, bytes the peer
+    has not read yet), from the kernel's table (``ss``) and /proc."""
+    path = socket_path(address)
+    ours = _our_sockets()
+    out = subprocess.run(["ss", "-xnH"], capture_output=True, text=True, timeout=10, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        # Netid State Recv-Q Send-Q Local-path Local-inode Peer-path Peer-inode: the worker's
+        # end of a connection accepted on its listening path, whose peer end is ours.
+        if len(fields) == 8 and fields[4] == path and int(fields[7]) in ours:
+            found.append((ours[int(fields[7])], int(fields[2])))
+    return found
+
+
+def pending_at(address: str) -> int:
+    """Connections waiting in the backlog of the Unix socket listening at ``address``."""
+    out = subprocess.run(["ss", "-xlnH"], capture_output=True, text=True, timeout=10, check=True).stdout
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[4] == socket_path(address):
+            return int(fields[2])
+    return 0
+
+
+def shut_down(fd: int) -> None:
+    """End the connection on descriptor ``fd`` of this process, as a write error would."""
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        sock.close()
+
+
+def fill_while_frozen(recorder: Any, pid: int, address: str) -> tuple[int, list[Any]]:
+    """Freeze the worker, send it a burst of broadcasts and then calls, most of them left in
+    the client's queue; returns the descriptor of the connection and the calls."""
+    assert recorder.ping.call_one("connected").get(timeout=30) == "connected"
+    os.kill(pid, signal.SIGSTOP)
+    for seq in range(BURST):
+        recorder.record.broadcast(seq, PAD)
+    calls = [recorder.ping.call_one(i) for i in range(CALLS)]
+    ((fd, unread),) = wait_until(
+        lambda: [c for c in connections_to(address) if c[1] > 0], 10, "the worker's socket buffer to fill"
+    )
+    assert unread < BURST * len(PAD) // 4, "the socket took most of the burst: nothing would be queued"
+    return fd, calls
+
+
+def test_queued_messages_go_first_on_the_new_connection(faults: list[MeshFailure]) -> None:
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        recorder = pm.spawn("recorder", Recorder)
+        pid, address = recorder.where.call_one().get(timeout=30)
+        try:
+            fd, calls = fill_while_frozen(recorder, pid, address)
+            shut_down(fd)
+            # Sent while the client reconnects (to a frozen worker): after the queued ones.
+            for seq in range(BURST, BURST + 100):
+                recorder.record.broadcast(seq, PAD)
+            later = recorder.ping.call_one("later")
+            wait_until(lambda: pending_at(address), 10, "the client's new connection, pending at the worker")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert [c.get(timeout=30) for c in calls] == list(range(CALLS))
+        assert later.get(timeout=30) == "later"
+        seen = recorder.recorded.call_one().get(timeout=30)
+        assert seen == list(range(BURST + 100)), (len(seen), [s for i, s in enumerate(seen) if s != i][:5])
+        assert recorder.ping.call_one("after").get(timeout=10) == "after"
+        assert faults == []
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_queued_messages_to_a_killed_worker_fail_their_calls_and_reach_the_owner(
+    faults: list[MeshFailure],
+) -> None:
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        recorder = pm.spawn("recorder", Recorder)
+        pid, address = recorder.where.call_one().get(timeout=30)
+        try:
+            _, calls = fill_while_frozen(recorder, pid, address)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        for call in calls:
+            with pytest.raises(SupervisionError, match="failed"):
+                call.get(timeout=30)
+        failure = wait_until(
+            lambda: next((f for f in list(faults) if f.mesh_name == "recorder"), None),
+            30,
+            "the owner's MeshFailure",
+        )
+        assert "recorder" in failure.report(), failure.report()
+        # The messages that had no one left to tell (the broadcasts) are logged, not dropped.
+        wait_until(
+            lambda: f"messages to {address} were never sent" in worker_log(os.getpid()),
+            10,
+            "the client's log line",
+        )
+    finally:
+        pm.stop().get(timeout=30)
