@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -111,56 +112,60 @@ def fill_while_frozen(recorder: Any, pid: int, address: str) -> tuple[int, list[
     return fd, calls
 
 
-def test_queued_messages_go_first_on_the_new_connection(faults: list[MeshFailure]) -> None:
+@pytest.fixture
+def worker() -> Iterator[tuple[Any, int, str]]:
+    """A 1-process mesh running a ``Recorder``: (the mesh, its pid, its address)."""
     pm = this_host().spawn_procs(per_host={"gpus": 1})
     try:
         recorder = pm.spawn("recorder", Recorder)
         pid, address = recorder.where.call_one().get(timeout=30)
-        try:
-            fd, calls = fill_while_frozen(recorder, pid, address)
-            shut_down(fd)
-            # Sent while the client reconnects (to a frozen worker): after the queued ones.
-            for seq in range(BURST, BURST + 100):
-                recorder.record.broadcast(seq, PAD)
-            later = recorder.ping.call_one("later")
-            wait_until(lambda: pending_at(address), 10, "the client's new connection, pending at the worker")
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        assert [c.get(timeout=30) for c in calls] == list(range(CALLS))
-        assert later.get(timeout=30) == "later"
-        seen = recorder.recorded.call_one().get(timeout=30)
-        assert seen == list(range(BURST + 100)), (len(seen), [s for i, s in enumerate(seen) if s != i][:5])
-        assert recorder.ping.call_one("after").get(timeout=10) == "after"
-        assert faults == []
+        yield recorder, pid, address
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_queued_messages_go_first_on_the_new_connection(
+    worker: tuple[Any, int, str], faults: list[MeshFailure]
+) -> None:
+    recorder, pid, address = worker
+    try:
+        fd, calls = fill_while_frozen(recorder, pid, address)
+        shut_down(fd)
+        # Sent while the client reconnects (to a frozen worker): after the queued ones.
+        for seq in range(BURST, BURST + 100):
+            recorder.record.broadcast(seq, PAD)
+        later = recorder.ping.call_one("later")
+        wait_until(lambda: pending_at(address), 10, "the client's new connection, pending at the worker")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert [c.get(timeout=30) for c in calls] == list(range(CALLS))
+    assert later.get(timeout=30) == "later"
+    seen = recorder.recorded.call_one().get(timeout=30)
+    assert seen == list(range(BURST + 100)), (len(seen), [s for i, s in enumerate(seen) if s != i][:5])
+    assert recorder.ping.call_one("after").get(timeout=10) == "after"
+    assert faults == []
 
 
 def test_queued_messages_to_a_killed_worker_fail_their_calls_and_reach_the_owner(
-    faults: list[MeshFailure],
+    worker: tuple[Any, int, str], faults: list[MeshFailure]
 ) -> None:
-    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    recorder, pid, address = worker
     try:
-        recorder = pm.spawn("recorder", Recorder)
-        pid, address = recorder.where.call_one().get(timeout=30)
-        try:
-            _, calls = fill_while_frozen(recorder, pid, address)
-        finally:
-            os.kill(pid, signal.SIGKILL)
-        for call in calls:
-            with pytest.raises(SupervisionError, match="failed"):
-                call.get(timeout=30)
-        failure = wait_until(
-            lambda: next((f for f in list(faults) if f.mesh_name == "recorder"), None),
-            30,
-            "the owner's MeshFailure",
-        )
-        assert "recorder" in failure.report(), failure.report()
-        # The messages that had no one left to tell (the broadcasts) are logged, not dropped.
-        wait_until(
-            lambda: f"messages to {address} were never sent" in worker_log(os.getpid()),
-            10,
-            "the client's log line",
-        )
+        _, calls = fill_while_frozen(recorder, pid, address)
     finally:
-        pm.stop().get(timeout=30)
+        os.kill(pid, signal.SIGKILL)
+    for call in calls:
+        with pytest.raises(SupervisionError, match="failed"):
+            call.get(timeout=30)
+    failure = wait_until(
+        lambda: next((f for f in list(faults) if f.mesh_name == "recorder"), None),
+        30,
+        "the owner's MeshFailure",
+    )
+    assert "recorder" in failure.report(), failure.report()
+    # The messages that had no one left to tell (the broadcasts) are logged, not dropped.
+    wait_until(
+        lambda: f"messages to {address} were never sent" in worker_log(os.getpid()),
+        10,
+        "the client's log line",
+    )

@@ -7,7 +7,9 @@ always a copy, as in Monarch.
 
 Thread model: ``send`` may be called from any thread. Frames from one thread to one peer keep
 their order (one outgoing connection per peer, FIFO callback queue), which gives Monarch's
-per-sender FIFO guarantee.
+per-sender FIFO guarantee, across a dropped connection too: the frames it never wrote go first
+on the one replacing it, and the receiver routes a peer's new connection's frames only once
+the old one ended.
 """
 
 from __future__ import annotations

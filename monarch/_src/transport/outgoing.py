@@ -23,13 +23,15 @@ this process is) is retried with backoff, its frames kept in order, for up to
 at once. Either way the connection then closes with a reason (``PeerGoneError``,
 ``PeerUnreachableError``) that tells its owner what happened.
 
-A connection that fails after its handshake keeps the frames it never wholly handed to the
-kernel (``take_held``): corked, queued behind a full socket buffer, queued before the handshake,
-or cut in the middle by the failure. The peer cannot have read any of them (a frame is read only
-once its last byte arrives), so its owner sends them first on the connection that replaces it,
-in their order, and counts only the others as written on this one; whether those arrived is
-known only to the peer (see the runtime's peer hello). Held frames are the queue's own buffers,
-never copies.
+A connection that fails keeps the frames it never wholly handed to the kernel (``take_held``):
+corked, queued behind a full socket buffer, queued before the handshake, or cut in the middle
+by the failure (a frame written in part is kept whole). The peer cannot have read any of them,
+as a frame is read only once its last byte arrives. After the handshake, its owner sends them
+first on the connection that replaces it, in their order, and counts only the others as written
+on this one: whether those arrived only the peer knows (the runtime's peer hello). Before it
+(the peer is gone or unreachable), its owner reports them. Held frames are the queue's own
+buffers, never copies; the cost on the send path is one append per queued frame, and a few
+operations per write of the queue.
 
 A write that wakes a sleeping peer costs tens of microseconds of CPU, so a thread sending a
 burst (frames less than ``BURST_GAP_S`` apart) corks: its frames queue up and go out in one
@@ -135,17 +137,17 @@ class OutgoingConnection:
         self.name = name
         self._lock = threading.Lock()
         self._queue: collections.deque[Any] = collections.deque(greeting or ())  # buffers, as sent
-        #: The frames (their lists of buffers, as sent) with buffers in ``_queue``, oldest first,
-        #: and how many buffers they have in all: they are the queue's tail, but for the oldest
-        #: one's buffers already written (the greeting is not among them). Trimmed after writes.
-        self._frames: collections.deque[list[Any]] = collections.deque()
-        self._framed = 0
+        #: The frames (their lists of buffers, as sent) with buffers in ``_queue``, oldest first
+        #: (the queue holds their buffers but the oldest one's first ``_head_written``), so that
+        #: a failure can tell which frames were never wholly written. Trimmed after writes.
+        self._greeting = greeting
+        self._frames: collections.deque[list[Any]] = collections.deque([greeting] if greeting else ())
+        self._head_written = 0
         #: After a failure: the frames never wholly handed to the kernel (see ``take_held``).
         self._held: list[list[Any]] = []
         for frame in resend[0]:
             self._queue.extend(frame)
             self._frames.append(frame)
-            self._framed += len(frame)
         self._sock: socket.socket | None = None  # an ssl.SSLSocket under TLS
         self._writer_registered = False
         self._flush_scheduled = False
@@ -189,7 +191,6 @@ class OutgoingConnection:
             if not self.authenticated or q or self._flush_scheduled:
                 q.extend(buffers)
                 self._frames.append(buffers)
-                self._framed += len(buffers)
                 if not on_loop and self.authenticated:  # else the handshake's end flushes it
                     self._last_corked = time.monotonic()
                     if len(q) >= CORK_BUFFERS:
@@ -202,7 +203,6 @@ class OutgoingConnection:
             if now - self._last_direct_send < BURST_GAP_S:
                 q.extend(buffers)
                 self._frames.append(buffers)
-                self._framed += len(buffers)
                 self._flush_scheduled = True
                 if on_loop:  # the rest of the loop's burst goes out in one write, next iteration
                     self._loop.call_soon(self._flush)
@@ -221,7 +221,6 @@ class OutgoingConnection:
             except OSError as e:  # the frame is held (see take_held)
                 q.extend(buffers)
                 self._frames.append(buffers)
-                self._framed += len(buffers)
                 call_soon(self._fail, e)
                 return
             for b in buffers:  # what the kernel did not take is queued
@@ -233,7 +232,7 @@ class OutgoingConnection:
                 sent = 0
             if q:
                 self._frames.append(buffers)
-                self._framed += len(buffers)
+                self._head_written = len(buffers) - len(q)  # the queue was empty
                 self._flush_scheduled = True
                 call_soon(self._flush)
 
@@ -244,43 +243,45 @@ class OutgoingConnection:
         is registered whenever the queue is not empty.
         """
         q = self._queue
+        popped = 0
+        failed: OSError | None = None
         while q:
             batch = [q[i] for i in range(min(len(q), MAX_IOV))]
             try:
                 sent = self._sock.sendmsg(batch)  # type: ignore[union-attr]
             except (BlockingIOError, InterruptedError):
                 break
-            except OSError as e:  # what is queued is held (``_hold_unwritten`` needs no trim)
-                self._loop.call_soon_threadsafe(self._fail, e)
-                return False
+            except OSError as e:  # what is still queued is held (``_hold_unwritten``)
+                failed = e
+                break
             while q and _nbytes(q[0]) <= sent:  # empty buffers (b"" bodies) go here too
                 sent -= _nbytes(q.popleft())
+                popped += 1
             if sent:
                 q[0] = memoryview(q[0]).cast("B")[sent:]
         frames = self._frames
         if not q:
             frames.clear()
-            self._framed = 0
-        else:  # forget the frames wholly written
-            while frames and self._framed - len(frames[0]) >= len(q):
-                self._framed -= len(frames.popleft())
+            self._head_written = 0
+        elif popped:  # forget the frames wholly written
+            written = self._head_written + popped
+            while frames and len(frames[0]) <= written:
+                written -= len(frames.popleft())
+            self._head_written = written
+        if failed is not None:
+            self._loop.call_soon_threadsafe(self._fail, failed)
+            return False
         return True
 
     def _hold_unwritten(self) -> None:
         """(lock held, closing) Keep the frames with a buffer still queued, whole, for
-        ``take_held``: none of them reached the peer. The rest of the queue (the greeting, the
-        tail of a frame) is dropped."""
-        held: list[list[Any]] = []
-        left = len(self._queue)
-        frames = self._frames
-        while left > 0 and frames:
-            frame = frames.pop()
-            held.append(frame)
-            left -= len(frame)
-        held.reverse()
+        ``take_held``: none of them reached the peer (the greeting is not kept: a new
+        connection has its own)."""
+        held = list(self._frames) if self._queue else []
+        if held and held[0] is self._greeting:  # the new connection has its own
+            del held[0]
         self._held = held
-        frames.clear()
-        self._framed = 0
+        self._frames.clear()
         self._queue.clear()
 
     def take_held(self) -> tuple[list[list[Any]], list[tuple[int, Any]]]:
