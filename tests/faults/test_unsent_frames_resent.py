@@ -6,12 +6,15 @@ kernel. The client's connection is then shut down from outside (found through ``
 /proc, as a write error or ``ss -K`` would end it). If the worker lives on, the queued messages
 go first on the new connection, in order, exactly once: every call returns its value and every
 broadcast runs once, in order, with no failure reported. If the worker is killed instead, the
-calls fail with its death, the mesh's owner gets a ``MeshFailure``, and the client logs the
-messages it never sent; nothing waits forever.
+calls fail with its death, the mesh's owner gets a ``MeshFailure``, the client logs the
+messages it never sent, and the shared-memory files lent with them are removed; nothing waits
+forever.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import signal
 import socket
@@ -19,11 +22,12 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
-from fault_helpers import Probe, socket_path, worker_log
+from fault_helpers import Probe, probe_worker, socket_path, worker_log
 from helpers import wait_until
 
-from monarch.actor import MeshFailure, SupervisionError, endpoint, this_host
+from monarch.actor import MeshFailure, SupervisionError, endpoint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,6 +36,9 @@ PAD = b"x" * 1024
 with open("/proc/sys/net/core/wmem_default") as f:
     BURST = max(2000, 8 * int(f.read()) // len(PAD))
 CALLS = 20
+MIB = 1 << 20
+#: Calls with an array lent from shared memory.
+LENT = 4
 
 
 class Recorder(Probe):
@@ -47,6 +54,17 @@ class Recorder(Probe):
     @endpoint
     async def recorded(self) -> list[int]:
         return self.seen
+
+
+def job_shm_bytes() -> int:
+    """Bytes of this client's shared-memory files, as anyone can see them in /dev/shm."""
+    from monarch._src.actor.process_state import runtime
+
+    total = 0
+    for path in glob.glob(f"/dev/shm/monarch-{runtime().job_tag}-*"):
+        with contextlib.suppress(FileNotFoundError):
+            total += os.stat(path).st_size
+    return total
 
 
 def _our_sockets() -> dict[int, int]:
@@ -115,13 +133,8 @@ def fill_while_frozen(recorder: Any, pid: int, address: str) -> tuple[int, list[
 @pytest.fixture
 def worker() -> Iterator[tuple[Any, int, str]]:
     """A 1-process mesh running a ``Recorder``: (the mesh, its pid, its address)."""
-    pm = this_host().spawn_procs(per_host={"gpus": 1})
-    try:
-        recorder = pm.spawn("recorder", Recorder)
-        pid, address = recorder.where.call_one().get(timeout=30)
-        yield recorder, pid, address
-    finally:
-        pm.stop().get(timeout=30)
+    with probe_worker(cls=Recorder, name="recorder") as found:
+        yield found
 
 
 def test_queued_messages_go_first_on_the_new_connection(
@@ -152,6 +165,10 @@ def test_queued_messages_to_a_killed_worker_fail_their_calls_and_reach_the_owner
     recorder, pid, address = worker
     try:
         _, calls = fill_while_frozen(recorder, pid, address)
+        # Queued too, with arrays lent from this process's shared memory to the worker.
+        calls += [recorder.length.call_one(np.zeros(MIB // 8)) for _ in range(LENT)]
+        lent = job_shm_bytes()
+        assert lent >= LENT * MIB
     finally:
         os.kill(pid, signal.SIGKILL)
     for call in calls:
@@ -169,3 +186,4 @@ def test_queued_messages_to_a_killed_worker_fail_their_calls_and_reach_the_owner
         10,
         "the client's log line",
     )
+    wait_until(lambda: job_shm_bytes() <= lent - LENT * MIB, 10, "the files lent with unsent messages to go")
