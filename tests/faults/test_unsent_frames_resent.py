@@ -1,10 +1,11 @@
 """Messages still queued in the client when its connection to a worker fails are not lost.
 
-The worker is frozen (SIGSTOP), so its socket buffer fills with a burst of broadcasts and the
-rest of the burst, and the calls after it, wait in the client's queue: never handed to the
-kernel. The client's connection is then shut down from outside (found through ``ss`` and
+The worker is frozen (SIGSTOP), so its socket buffer (made large) fills with a burst of
+broadcasts and the rest of the burst, and the calls after it, wait in the client's queue: never
+handed to the kernel. The client's connection is then shut down from outside (found through ``ss`` and
 /proc, as a write error or ``ss -K`` would end it). If the worker lives on, the queued messages
-go first on the new connection, in order, exactly once: every call returns its value and every
+go first on the new connection, in order, exactly once, and after what the old connection still
+held (the worker reads that while the new one comes in): every call returns its value and every
 broadcast runs once, in order, with no failure reported. If the worker is killed instead, the
 calls fail with its death, the mesh's owner gets a ``MeshFailure``, the client logs the
 messages it never sent, and the shared-memory files lent with them are removed; nothing waits
@@ -24,18 +25,26 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fault_helpers import Probe, probe_worker, socket_path, worker_log
+from fault_helpers import Probe, authenticated_connection, probe_worker, socket_path, worker_log
 from helpers import wait_until
 
+from monarch._src.wire import payload
+from monarch._src.wire.frame import encode_frame
+from monarch._src.wire.protocol import message, peer_hello
 from monarch.actor import MeshFailure, SupervisionError, endpoint
 
 pytestmark = pytest.mark.timeout(120)
 
 PAD = b"x" * 1024
-#: Broadcasts in the burst: several times what the socket buffer can take.
-with open("/proc/sys/net/core/wmem_default") as f:
-    BURST = max(2000, 8 * int(f.read()) // len(PAD))
+#: The client's socket buffer, made as large as the system allows (as TCP's autotuning does):
+#: the worker, resumed, needs many reads to drain it, while the new connection comes in.
+with open("/proc/sys/net/core/wmem_max") as f:
+    SNDBUF = int(f.read())
+#: Broadcasts in the burst: several times what the socket buffer takes (the kernel doubles it).
+BURST = 4 * 2 * SNDBUF // len(PAD)
 CALLS = 20
+#: The address a raw peer names in its hello (nothing is sent back to it).
+FAKE_PEER = "unix:/nonexistent/raw-peer.sock"
 MIB = 1 << 20
 #: Calls with an array lent from shared memory.
 LENT = 4
@@ -119,14 +128,17 @@ def fill_while_frozen(recorder: Any, pid: int, address: str) -> tuple[int, list[
     """Freeze the worker, send it a burst of broadcasts and then calls, most of them left in
     the client's queue; returns the descriptor of the connection and the calls."""
     assert recorder.ping.call_one("connected").get(timeout=30) == "connected"
+    ((fd, _),) = connections_to(address)
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
     os.kill(pid, signal.SIGSTOP)
     for seq in range(BURST):
         recorder.record.broadcast(seq, PAD)
     calls = [recorder.ping.call_one(i) for i in range(CALLS)]
-    ((fd, unread),) = wait_until(
+    ((_, unread),) = wait_until(
         lambda: [c for c in connections_to(address) if c[1] > 0], 10, "the worker's socket buffer to fill"
     )
-    assert unread < BURST * len(PAD) // 4, "the socket took most of the burst: nothing would be queued"
+    assert unread < BURST * len(PAD) // 2, "the socket took most of the burst: nothing would be queued"
     return fd, calls
 
 
@@ -187,3 +199,40 @@ def test_queued_messages_to_a_killed_worker_fail_their_calls_and_reach_the_owner
         "the client's log line",
     )
     wait_until(lambda: job_shm_bytes() <= lent - LENT * MIB, 10, "the files lent with unsent messages to go")
+
+
+def test_a_new_connection_waits_for_what_the_old_one_still_carries(
+    worker: tuple[Any, int, str], faults: list[MeshFailure]
+) -> None:
+    """A peer (this test, on raw connections) reconnects while its old connection still has
+    frames on the way: the new connection's frames run after them, as its hello says how many
+    the old one carried."""
+    recorder, _, address = worker
+    ref = recorder._ref
+
+    def broadcasts(seqs: range) -> bytes:
+        return b"".join(
+            bytes(buffer)
+            for seq in seqs
+            for buffer in encode_frame(
+                message(ref.key, "record", None, 0, ref.wire_extent), payload.dumps(((seq, PAD), {})), 1 << 30
+            )
+        )
+
+    def hello(previous: tuple[int, int, list, list] | None) -> bytes:
+        return b"".join(bytes(b) for b in encode_frame(peer_hello(FAKE_PEER, previous), [], 1 << 30))
+
+    def recorded(n: int) -> list[int]:
+        def enough() -> list[int] | None:
+            seen = recorder.recorded.call_one().get(timeout=10)
+            return seen if len(seen) >= n else None
+
+        return wait_until(enough, 30, f"{n} broadcasts to run")
+
+    with authenticated_connection(address) as old, authenticated_connection(address) as new:
+        old.sendall(hello(None) + broadcasts(range(100)))
+        recorded(100)  # the old connection is the peer's, as its hello said
+        new.sendall(hello((200, 0, [], [])) + broadcasts(range(200, 300)))
+        old.sendall(broadcasts(range(100, 200)))  # still on the way when the new one came
+        assert recorded(300) == list(range(300))
+    assert faults == []

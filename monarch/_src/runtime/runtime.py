@@ -9,7 +9,7 @@ Thread model: ``send`` may be called from any thread. Frames from one thread to 
 their order (one outgoing connection per peer, FIFO callback queue), which gives Monarch's
 per-sender FIFO guarantee, across a dropped connection too: the frames it never wrote go first
 on the one replacing it, and the receiver routes a peer's new connection's frames only once
-the old one ended.
+the old one delivered what it carried (``behind``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from monarch._src.runtime import job_files, shm
+from monarch._src.runtime.behind import Behind
 from monarch._src.runtime.config import CONFIG, transport_of_config
 from monarch._src.runtime.loop_replies import LoopReplies, RuntimeHooks
 from monarch._src.runtime.loop_thread import LoopThread
@@ -86,36 +87,6 @@ class _Drop:
     timer: asyncio.TimerHandle | None = None
 
 
-@dataclass
-class _Behind:
-    """A peer's new connection, whose frames wait until its old one ended (``_queue_behind``)."""
-
-    conn: IncomingConnection
-    route: Handler
-    runtime: Runtime
-    frames: list[tuple[dict, list]] = field(default_factory=list)
-    paused: bool = False
-    timer: asyncio.TimerHandle | None = None
-
-    def hold(self, header: dict, bodies: list) -> None:
-        self.frames.append((header, bodies))
-
-    def release(self) -> None:
-        """Route the frames held, in order, and read on."""
-        if self.timer is not None:
-            self.timer.cancel()
-        self.conn.on_frame = self.route
-        rt = self.runtime
-        outside_read = rt._after_read is None  # else the read being routed ends it
-        for header, bodies in self.frames:
-            self.route(header, bodies)
-        self.frames.clear()
-        if outside_read:
-            rt._read_routed()
-        if self.paused:
-            self.conn.transport.resume_reading()  # type: ignore[union-attr]
-
-
 class Runtime:
     """See the module docstring. The one instance of this process is ``Runtime.current()``."""
 
@@ -169,8 +140,8 @@ class Runtime:
         self._said_before: dict[IncomingConnection, Previous] = {}
         #: Peers' connections that closed, until the peer's next hello settles what was lost.
         self._drops: dict[tuple[str, str], _Drop] = {}
-        #: A peer's new connection whose frames wait for the old one (the key) to end.
-        self._behind: dict[IncomingConnection, _Behind] = {}
+        #: A peer's new connection whose frames wait for its old one (the key), until it closed.
+        self._behind: dict[IncomingConnection, Behind] = {}
         #: While the loop routes the frames of one read: what they asked to run once it is
         #: routed (``after_this_read``); None between reads.
         self._after_read: list[Callable[[], None]] | None = None
@@ -585,7 +556,7 @@ class Runtime:
         )
         if before is not None and not before.closed:
             self._said_before[before] = said  # its close, still to come here, settles it
-            self._queue_behind(conn, before, route)
+            self._queue_behind(conn, before, frames, route)
             return
         drop = self._drops.pop(link, None)
         if drop is not None:
@@ -593,24 +564,21 @@ class Runtime:
                 drop.timer.cancel()
             self._settle(sender, drop, said)
 
-    def _queue_behind(self, conn: IncomingConnection, before: IncomingConnection, route: Handler) -> None:
+    def _queue_behind(
+        self, conn: IncomingConnection, before: IncomingConnection, written: int, route: Handler
+    ) -> None:
         """The peer's new connection ``conn`` said hello while ``before``, the one it replaces,
-        still has frames to read: the peer sent on ``conn`` first what it never wrote on
-        ``before``, so ``conn``'s frames wait (and it is not read further) until ``before``
-        closed, or ``peer_unreachable_s`` passed, when ``before`` is closed (per-sender FIFO)."""
-        waiting = _Behind(conn, route, self)
-        try:
-            conn.transport.pause_reading()  # type: ignore[union-attr]
-            waiting.paused = True
-        except NotImplementedError:  # a loop's reply connection (``SocketReader``): frames queue
-            pass
-        conn.on_frame = waiting.hold
-        waiting.timer = self.loop.call_later(
-            CONFIG.peer_unreachable_s,
-            before.abort,
-            ConnectionResetError(f"a newer connection from {before.peer} waited on this one to end"),
-        )
-        self._behind[before] = waiting
+        may still have frames to read, older than ``conn``'s: ``conn``'s wait (``behind``)."""
+        if before.frames_read - 1 < written:  # its hello is not counted
+            self._behind[before] = Behind(self.loop, conn, before, written, route, self._route_held)
+
+    def _route_held(self, route: Handler, frames: list[tuple[dict, list]]) -> None:
+        """Route frames that waited (``behind``), as the frames of a read."""
+        outside_read = self._after_read is None  # else the read being routed ends it
+        for header, bodies in frames:
+            route(header, bodies)
+        if outside_read:
+            self._read_routed()
 
     def _incoming_closed(self, conn: IncomingConnection, reason: BaseException | None) -> None:
         """A peer's connection to this process closed. If the peer lives on (only the connection
