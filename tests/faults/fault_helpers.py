@@ -55,11 +55,14 @@ class Relay(Probe):
 
 
 @contextlib.contextmanager
-def probe_worker(env: dict[str, str] | None = None) -> Iterator[tuple[Any, int, str]]:
-    """A 1-process mesh running a ``Probe``: yields (probe, its pid, its address); stopped after."""
+def probe_worker(
+    env: dict[str, str] | None = None, cls: type[Probe] = Probe, name: str = "probe"
+) -> Iterator[tuple[Any, int, str]]:
+    """A 1-process mesh running a ``Probe`` (or a subclass, as ``name``): yields (probe, its
+    pid, its address); stopped after."""
     pm = this_host().spawn_procs(per_host={"gpus": 1}, env=env)
     try:
-        probe = pm.spawn("probe", Probe)
+        probe = pm.spawn(name, cls)
         pid, address = probe.where.call_one().get(timeout=30)
         yield probe, pid, address
     finally:

@@ -1,12 +1,22 @@
 """Messages that cannot be delivered are reported to whoever waits for them, never dropped.
 
-A message can fail to arrive in two ways. The receiving process may reject it (larger than its
-``MONARCH_MAX_FRAME_BYTES``, no memory for it, its shared-memory buffer gone): it then answers
-the message's reply port with the error, or, for a message nobody waits on (a broadcast),
-reports a failure of the receiving actor to its owner. Or the connection it travelled on may
-close while the peer lives on, in either direction (each process sends on a connection of its
-own): calls whose messages, or whose replies, may have been lost with it then fail (the peer
-says on reconnecting which replies it had written; calls still running there complete).
+A message can fail to arrive in three ways. The receiving process may reject it (larger than
+its ``MONARCH_MAX_FRAME_BYTES``, no memory for it, its shared-memory buffer gone): it then
+answers the message's reply port with the error, or, for a message nobody waits on (a
+broadcast), reports a failure of the receiving actor to its owner.
+
+Or the connection it travelled on may close while the peer lives on, in either direction (each
+process sends on a connection of its own). Messages the connection never wholly wrote are not
+lost: they go first on the new connection, in order, and calls waiting on them complete. Of
+those it wrote, calls whose messages, or whose replies, may have been lost fail with a
+``ConnectionError`` (the peer says on reconnecting which replies it had written; calls still
+running there complete), and failure reports are delivered again; a frame the drop cut off at
+the receiver is rejected as above, unless the sender's hello shows it is sent again.
+
+Or the peer's process is gone (or stayed unreachable): calls waiting on it fail with its loss
+(``supervision.process_exited``) and the owners of the actors it ran hear of its death, which
+also stands for the broadcasts it never got; what was never sent to it is logged by the
+runtime, as no one is left to tell (its replies' callers and its own actors died with it).
 """
 
 from __future__ import annotations
@@ -44,19 +54,22 @@ def message_rejected(header: dict, error: BaseException) -> None:
     logger.error("dropped an undeliverable message of kind %r: %s", kind, error)
 
 
-def connection_lost(address: str, reason: BaseException, replies: bool) -> Callable[[], None] | None:
+def connection_lost(
+    address: str, reason: BaseException, replies: bool
+) -> Callable[[frozenset[int]], None] | None:
     """A connection with ``address`` closed with messages on it: this process's calls to it, or
     (``replies``) its replies to this process, when which of them were lost cannot be known.
     Returns what to do if the process there turns out to be alive: fail the calls that were
-    waiting on it, and still are by then (None: none were)."""
+    waiting on it, and still are by then, but those on the ports it is told (their messages
+    had not left this process: they went on the new connection) (None: none were waiting)."""
     waiting = port.waiting_on(address)
     if not waiting:
         return None
 
-    def peer_alive() -> None:
+    def peer_alive(resent: frozenset[int]) -> None:
         still = set(port.waiting_on(address))
         for handler in waiting:
-            if handler in still:
+            if handler in still and handler.port_id not in resent:
                 _fail_lost(handler, address, reason, replies)
 
     return peer_alive

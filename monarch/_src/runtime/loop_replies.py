@@ -281,6 +281,7 @@ class _ReplyAddress:
             on_close=self._closed,
             name=f"<-{self.address}",
             local_address=self.address,
+            defer_cut_off=True,  # settled with the peer's next hello (``incoming_closed``)
         )
         return conn
 

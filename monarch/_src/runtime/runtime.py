@@ -7,12 +7,16 @@ always a copy, as in Monarch.
 
 Thread model: ``send`` may be called from any thread. Frames from one thread to one peer keep
 their order (one outgoing connection per peer, FIFO callback queue), which gives Monarch's
-per-sender FIFO guarantee.
+per-sender FIFO guarantee, across a dropped connection too: the frames it never wrote go first
+on the one replacing it, and the receiver routes a peer's new connection's frames only once
+the old one delivered what it carried (``behind``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import logging
 import os
 import socket
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from monarch._src.runtime import job_files, shm
+from monarch._src.runtime.behind import Behind
 from monarch._src.runtime.config import CONFIG, transport_of_config
 from monarch._src.runtime.loop_replies import LoopReplies, RuntimeHooks
 from monarch._src.runtime.loop_thread import LoopThread
@@ -30,7 +35,8 @@ from monarch._src.transport import auth, tls
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
 from monarch._src.transport.outgoing import OutgoingConnection
-from monarch._src.wire.frame import FrameTooLargeError, HeaderTemplate, encode_frame
+from monarch._src.wire import protocol
+from monarch._src.wire.frame import FrameTooLargeError, HeaderTemplate, encode_frame, header_of
 from monarch._src.wire.protocol import (
     KIND,
     PEER_HELLO_KIND,
@@ -39,6 +45,7 @@ from monarch._src.wire.protocol import (
     PREVIOUS_KNOWN_FROM,
     PREVIOUS_REPLIES,
     PREVIOUS_REPORTS,
+    REPLY_PORT,
     SENDER,
     SHM_GIVE_BACK_KIND,
     SHM_MOVED,
@@ -54,9 +61,10 @@ PeerLostCallback = Callable[[str, BaseException], None]
 UndeliverableCallback = Callable[[dict, BaseException], None]
 #: Told that a connection with a peer closed with frames possibly undelivered (``replies``:
 #: the peer's connection to this process, else this process's to the peer); returns what to do
-#: once the peer turns out to be alive, or None if nothing (a dead peer is reported through
-#: PeerLostCallback).
-FramesLostCallback = Callable[[str, BaseException, bool], "Callable[[], None] | None"]
+#: once the peer turns out to be alive, told the reply ports of the calls whose messages were
+#: not lost (sent on the connection that replaced it), or None if nothing (a dead peer is
+#: reported through PeerLostCallback).
+FramesLostCallback = Callable[[str, BaseException, bool], "Callable[[frozenset[int]], None] | None"]
 #: Told that replies (PORT and PORT_BATCH frames) a live peer sent to these port ids of this
 #: process were lost with its connection, which closed for the reason given.
 RepliesLostCallback = Callable[[str, BaseException, list[int]], None]
@@ -73,6 +81,9 @@ class _Drop:
 
     read: int
     reason: BaseException
+    #: The frame the drop cut off (``IncomingConnection.cut_off``): reported as undeliverable
+    #: unless the peer's hello shows it sends it again (it had not written all of it).
+    cut: tuple[dict, BaseException] | None = None
     timer: asyncio.TimerHandle | None = None
 
 
@@ -129,6 +140,8 @@ class Runtime:
         self._said_before: dict[IncomingConnection, Previous] = {}
         #: Peers' connections that closed, until the peer's next hello settles what was lost.
         self._drops: dict[tuple[str, str], _Drop] = {}
+        #: A peer's new connection whose frames wait for its old one (the key), until it closed.
+        self._behind: dict[IncomingConnection, Behind] = {}
         #: While the loop routes the frames of one read: what they asked to run once it is
         #: routed (``after_this_read``); None between reads.
         self._after_read: list[Callable[[], None]] | None = None
@@ -399,21 +412,47 @@ class Runtime:
             # stays listed until replaced when it had been authenticated), and which were
             # replies, so that it can tell which of them it lost.
             previous = None
+            resend: tuple[list, list] = ([], [])
+            when_alive: Callable[[OutgoingConnection], None] | None = None
             if conn is not None:
+                if conn.authenticated:
+                    # The frames it never wholly wrote go first on the new one, before any
+                    # newer frame (none can be sent on it before it is listed, below).
+                    resend = conn.take_held()
+                    when_alive = self._replacing(address, conn)
                 known_from, tagged = conn.sent_tags()
                 replies = [entry for entry in tagged if entry[1].__class__ is int]
                 reports = [entry for entry in tagged if entry[1].__class__ is dict]
                 previous = (conn.frames_sent, known_from, replies, reports)
             hello = encode_frame(peer_hello(self.address, previous), [], self.max_frame_bytes)
-            conn = self._new_outgoing(
+            new = self._new_outgoing(
                 address,
                 on_close=lambda c, reason: self._outgoing_closed(address, c, reason),
                 name=address,
                 greeting=hello,
+                resend=resend,
             )
-            self._conns[address] = conn
-        self.loop_thread.call_soon(self.loop.create_task, conn.connect())
-        return conn
+            if when_alive is not None:
+                new.when_authenticated.append(functools.partial(when_alive, new))
+            self._conns[address] = new
+        self.loop_thread.call_soon(self.loop.create_task, new.connect())
+        return new
+
+    def _replacing(self, address: str, closed: OutgoingConnection) -> Callable[[OutgoingConnection], None]:
+        """(``_conns_lock`` held) ``closed``, authenticated, is being replaced: what the new
+        connection does once it finds the peer alive. Calls waiting on the peer now may have
+        lost their messages with ``closed``, and fail then, but for those whose messages the
+        new connection carried (if the peer is gone, it is reported lost, which fails them)."""
+        reason = closed.close_reason or ConnectionResetError(f"connection to {address} closed")
+        logger.debug("connection to %s lost (%s); reconnecting", address, reason)
+        on_alive = self._when_found_alive(address, reason, replies=False)
+
+        def found_alive(new: OutgoingConnection) -> None:
+            spared = _reply_ports(new.queued_at_handshake)
+            _run_each([functools.partial(fn, spared) for fn in on_alive])
+            logger.warning("connection to %s re-established after: %s", address, reason)
+
+        return found_alive
 
     def _new_outgoing(
         self,
@@ -421,6 +460,7 @@ class Runtime:
         on_close: Callable[[OutgoingConnection, BaseException], None],
         name: str,
         greeting: list | None = None,
+        resend: tuple[list, list] = ([], []),
     ) -> OutgoingConnection:
         return OutgoingConnection(
             self.loop,
@@ -432,6 +472,7 @@ class Runtime:
             unreachable_timeout_s=CONFIG.peer_unreachable_s,
             tls=self._tls.client if self._tls else None,
             greeting=greeting,
+            resend=resend,
         )
 
     def _outgoing_closed(self, address: str, conn: OutgoingConnection, reason: BaseException) -> None:
@@ -439,24 +480,13 @@ class Runtime:
             with self._conns_lock:
                 if self._conns.get(address) is conn:
                     del self._conns[address]
-        if self.closed:
-            return
-        if conn.authenticated:
+        if conn.authenticated and not self.closed:
             # A live peer may have dropped only this connection: connect again to find out
-            # (the new one replaces it in ``_conns``). Frames that were on it may be lost;
-            # their senders are told once the peer is found alive (if it is gone, it is
-            # reported as lost, which fails them too).
-            logger.debug("connection to %s lost (%s); reconnecting", address, reason)
-            on_alive = self._when_found_alive(address, reason, replies=False)
-            on_alive.append(
-                lambda: logger.warning("connection to %s re-established after: %s", address, reason)
-            )
-            new = self._connect(address)
-            if new.authenticated:  # a sender reconnected first, and it is through already
-                for fn in on_alive:
-                    fn()
-            else:
-                new.when_authenticated.extend(on_alive)
+            # (the new one replaces it in ``_conns``, unless a sender's ``_connect`` did first).
+            self._connect(address)
+            return
+        self._unsent(address, conn.take_held()[0], reason)
+        if self.closed:
             return
         for cb in list(self._peer_lost):
             try:
@@ -464,9 +494,24 @@ class Runtime:
             except Exception:
                 logger.exception("peer-lost callback failed")
 
+    def _unsent(self, address: str, frames: list[list], reason: BaseException) -> None:
+        """Frames never sent to ``address``, which is lost (or this runtime shut down). Calls
+        among them fail with the peer's loss (``on_peer_lost``), and the owners of actors there
+        hear of their process's death; the rest had no one left to tell: logged."""
+        if not frames:
+            return
+        kinds = collections.Counter(_KIND_NAMES.get(header_of(frame).get(KIND), "?") for frame in frames)
+        logger.warning(
+            "%d messages to %s were never sent (%s): %s",
+            len(frames),
+            address,
+            reason,
+            ", ".join(f"{n} {kind}" for kind, n in kinds.items()),
+        )
+
     def _when_found_alive(
         self, address: str, reason: BaseException, replies: bool
-    ) -> list[Callable[[], None]]:
+    ) -> list[Callable[[frozenset[int]], None]]:
         """What the upper layers do once ``address``, whose connection closed, is found alive."""
         return [f for cb in self._frames_lost if (f := cb(address, reason, replies)) is not None]
 
@@ -480,6 +525,7 @@ class Runtime:
             name=f"<-{self.address}",
             local_address=self.address,
             on_read_done=self._read_routed,
+            defer_cut_off=True,  # settled with the peer's next hello (``_settle``)
         )
         self._incoming.add(conn)
         return conn
@@ -510,12 +556,29 @@ class Runtime:
         )
         if before is not None and not before.closed:
             self._said_before[before] = said  # its close, still to come here, settles it
+            self._queue_behind(conn, before, frames, route)
             return
         drop = self._drops.pop(link, None)
         if drop is not None:
             if drop.timer is not None:
                 drop.timer.cancel()
             self._settle(sender, drop, said)
+
+    def _queue_behind(
+        self, conn: IncomingConnection, before: IncomingConnection, written: int, route: Handler
+    ) -> None:
+        """The peer's new connection ``conn`` said hello while ``before``, the one it replaces,
+        may still have frames to read, older than ``conn``'s: ``conn``'s wait (``behind``)."""
+        if before.frames_read - 1 < written:  # its hello is not counted
+            self._behind[before] = Behind(self.loop, conn, before, written, route, self._route_held)
+
+    def _route_held(self, route: Handler, frames: list[tuple[dict, list]]) -> None:
+        """Route frames that waited (``behind``), as the frames of a read."""
+        outside_read = self._after_read is None  # else the read being routed ends it
+        for header, bodies in frames:
+            route(header, bodies)
+        if outside_read:
+            self._read_routed()
 
     def _incoming_closed(self, conn: IncomingConnection, reason: BaseException | None) -> None:
         """A peer's connection to this process closed. If the peer lives on (only the connection
@@ -526,20 +589,30 @@ class Runtime:
         reported as lost instead (``on_peer_lost``)."""
         self._incoming.discard(conn)
         peer = conn.peer
-        if self.closed or peer is None:
+        if self.closed:
+            return
+        if peer is None:
+            if conn.cut_off is not None:
+                self._reject(*conn.cut_off)
             return
         link = _link(conn)
         if self._from_peer.get(link) is conn:
             del self._from_peer[link]
         reason = reason or ConnectionResetError(f"connection from {peer} closed")
-        drop = _Drop(read=conn.frames_read - 1, reason=reason)  # its hello is not counted
+        drop = _Drop(read=conn.frames_read - 1, reason=reason, cut=conn.cut_off)  # its hello is not counted
         said = self._said_before.pop(conn, None)
         if said is not None:
             self._settle(peer, drop, said)
+            waiting = self._behind.pop(conn, None)
+            if waiting is not None:
+                waiting.release()
             return
         earlier = self._drops.get(link)
-        if earlier is not None and earlier.timer is not None:
-            earlier.timer.cancel()
+        if earlier is not None:
+            if earlier.timer is not None:
+                earlier.timer.cancel()
+            if earlier.cut is not None:  # no hello will tell of it any more
+                self._reject(*earlier.cut)
         self._drops[link] = drop
         drop.timer = self.loop.call_later(CONFIG.peer_unreachable_s, self._no_hello, link, drop)
 
@@ -548,8 +621,12 @@ class Runtime:
         replies and failure reports from index ``known_from`` on: deliver the reports this
         process did not read, and tell the upper layers which replies were lost."""
         frames, known_from, replies, reports = said
+        if drop.cut is not None and frames > drop.read:
+            # The peer wrote the frame cut off here (or began to): it does not send it again.
+            self._reject(*drop.cut)
+            drop.read += 1
         if frames <= drop.read:
-            return  # every frame was read: nothing lost
+            return  # every frame was read (a frame cut off is sent again): nothing lost
         for index, header in reports:
             if index >= drop.read and isinstance(header, dict):
                 self.dispatch(header, [])
@@ -570,7 +647,7 @@ class Runtime:
             drop.reason,
         )
         for fn in self._when_found_alive(peer, drop.reason, replies=True):
-            fn()
+            fn(frozenset())
 
     def _no_hello(self, link: tuple[str, str], drop: _Drop) -> None:
         """A peer whose connection closed did not reconnect within ``peer_unreachable_s``. If it
@@ -578,13 +655,15 @@ class Runtime:
         wait forever (a peer that exited is reported as lost instead)."""
         if self._drops.get(link) is drop:
             del self._drops[link]
+        if drop.cut is not None:
+            self._reject(*drop.cut)
         peer = link[0]
         on_alive = self._when_found_alive(peer, drop.reason, replies=True)
         if not on_alive or self.closed:
             return
         # Whether the peer lives is known only by reaching it anew.
         probe = self._new_outgoing(peer, on_close=lambda c, why: None, name=f"liveness check of {peer}")
-        probe.when_authenticated.extend(on_alive)
+        probe.when_authenticated.extend(functools.partial(fn, frozenset()) for fn in on_alive)
         probe.when_authenticated.append(probe.close)
         self.loop.create_task(probe.connect())
 
@@ -638,6 +717,20 @@ def _link(conn: IncomingConnection) -> tuple[str, str]:
     """A peer's connection to one address of this process (its own, or a loop's reply address,
     see ``loop_replies``): each is dropped and replaced, and its frames counted, on its own."""
     return conn.peer, conn.local_address  # type: ignore[return-value]
+
+
+#: Frame kinds by number, for messages.
+_KIND_NAMES = {value: name[:-5].lower() for name, value in vars(protocol).items() if name.endswith("_KIND")}
+
+
+def _reply_ports(frames: list[list]) -> frozenset[int]:
+    """The port ids the answers to these frames (calls, stops, ...) of this process go to."""
+    ports = set()
+    for frame in frames:
+        spec = header_of(frame).get(REPLY_PORT)
+        if spec.__class__ is list and len(spec) == 2:
+            ports.add(spec[1])
+    return frozenset(ports)
 
 
 def _run_each(work: list[Callable[[], None]]) -> None:

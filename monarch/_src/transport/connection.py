@@ -71,9 +71,12 @@ class IncomingConnection(asyncio.BufferedProtocol):
         name: str = "",
         local_address: str = "",
         on_read_done: Callable[[], None] | None = None,
+        defer_cut_off: bool = False,
     ) -> None:
         """``on_read_done``: told after the frames of each read from the socket were handed to
-        ``on_frame``, so that work they call for can be done once per read."""
+        ``on_frame``, so that work they call for can be done once per read. ``defer_cut_off``:
+        a frame the connection's end cuts off is left in ``cut_off`` for the owner, who may
+        learn that its sender sends it again, instead of handed to ``on_reject``."""
         self.name = name
         #: The address of this process the peer connected to.
         self.local_address = local_address
@@ -84,6 +87,10 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self._on_reject = on_reject
         self._on_close = on_close
         self._on_read_done = on_read_done
+        self._defer_cut_off = defer_cut_off
+        #: The header of the frame the connection's end cut off, and the error that says so
+        #: (with ``defer_cut_off``); not counted in ``frames_read``.
+        self.cut_off: tuple[dict, BaseException] | None = None
         self.transport: asyncio.Transport | None = None
         self.authenticated = False
         self.closed = False
@@ -129,10 +136,13 @@ class IncomingConnection(asyncio.BufferedProtocol):
         reason = exc or ConnectionResetError(f"connection {self.name} closed by peer")
         if self._state in (_BODY, _SKIP) and self._header:
             # The frame was cut off: its sender (if it still listens) hears of it.
-            self._reject(
-                self._reject_reason
-                or ConnectionResetError(f"the connection closed in the middle of this message ({reason})")
+            error = self._reject_reason or ConnectionResetError(
+                f"the connection closed in the middle of this message ({reason})"
             )
+            if self._defer_cut_off:
+                self.cut_off = (self._header, error)
+            else:
+                self._reject(error)
         self._closed(reason)
 
     def get_buffer(self, sizehint: int) -> memoryview:

@@ -23,6 +23,16 @@ this process is) is retried with backoff, its frames kept in order, for up to
 at once. Either way the connection then closes with a reason (``PeerGoneError``,
 ``PeerUnreachableError``) that tells its owner what happened.
 
+A connection that fails keeps the frames it never wholly handed to the kernel (``take_held``):
+corked, queued behind a full socket buffer, queued before the handshake, or cut in the middle
+by the failure (a frame written in part is kept whole). The peer cannot have read any of them,
+as a frame is read only once its last byte arrives. After the handshake, its owner sends them
+first on the connection that replaces it, in their order, and counts only the others as written
+on this one: whether those arrived only the peer knows (the runtime's peer hello). Before it
+(the peer is gone or unreachable), its owner reports them. Held frames are the queue's own
+buffers, never copies; the cost on the send path is one append per queued frame, and a few
+operations per write of the queue.
+
 A write that wakes a sleeping peer costs tens of microseconds of CPU, so a thread sending a
 burst (frames less than ``BURST_GAP_S`` apart) corks: its frames queue up and go out in one
 write when ``CORK_BUFFERS`` are queued, when the thread is about to block (``flush_corked``,
@@ -102,8 +112,11 @@ class OutgoingConnection:
         unreachable_timeout_s: float,
         tls: ssl.SSLContext | None = None,
         greeting: list[Any] | None = None,
+        resend: tuple[list[list[Any]], list[tuple[int, Any]]] = ([], []),
     ) -> None:
-        """``greeting``: the buffers of a frame that goes first (it is not in ``frames_sent``)."""
+        """``greeting``: the buffers of a frame that goes first (it is not in ``frames_sent``);
+        ``resend``: frames held by the connection this one replaces, and their tags
+        (``take_held``), which go next, as this connection's first frames."""
         self._loop = loop
         self._loop_ident = loop_ident
         self._address = parse(address)
@@ -116,12 +129,25 @@ class OutgoingConnection:
         self._on_close = on_close
         #: Run (on the loop thread) once the handshake completes.
         self.when_authenticated: list[Callable[[], None]] = []
+        #: While ``when_authenticated`` runs: the frames sent on it until then (none written).
+        self.queued_at_handshake: list[list[Any]] = []
         self._unreachable_timeout_s = unreachable_timeout_s
         self._retry_delay = RETRY_FIRST_S
         self._last_error: BaseException | None = None
         self.name = name
         self._lock = threading.Lock()
         self._queue: collections.deque[Any] = collections.deque(greeting or ())  # buffers, as sent
+        #: The frames (their lists of buffers, as sent) with buffers in ``_queue``, oldest first
+        #: (the queue holds their buffers but the oldest one's first ``_head_written``), so that
+        #: a failure can tell which frames were never wholly written. Trimmed after writes.
+        self._greeting = greeting
+        self._frames: collections.deque[list[Any]] = collections.deque([greeting] if greeting else ())
+        self._head_written = 0
+        #: After a failure: the frames never wholly handed to the kernel (see ``take_held``).
+        self._held: list[list[Any]] = []
+        for frame in resend[0]:
+            self._queue.extend(frame)
+            self._frames.append(frame)
         self._sock: socket.socket | None = None  # an ssl.SSLSocket under TLS
         self._writer_registered = False
         self._flush_scheduled = False
@@ -133,10 +159,12 @@ class OutgoingConnection:
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.authenticated = False
         self.closed = False
-        #: Frames handed to ``send`` (what a test or benchmark counts per peer).
-        self.frames_sent = 0
+        #: Frames handed to ``send`` (what a test or benchmark counts per peer), or resent.
+        self.frames_sent = len(resend[0])
         #: ``(frame index, tag)`` of the latest frames sent with a tag (see ``sent_tags``).
-        self._tags: collections.deque[tuple[int, Any]] = collections.deque(maxlen=TAG_RECORD)
+        self._tags: collections.deque[tuple[int, Any]] = collections.deque(resend[1], maxlen=TAG_RECORD)
+        #: Set once held frames' tags left ``_tags`` (``take_held``): from where it is complete.
+        self._tags_known_from: int | None = None
         self.close_reason: BaseException | None = None
         self._handshake = bytearray()
         self._nonce_c = b""
@@ -162,6 +190,7 @@ class OutgoingConnection:
             on_loop = ident == self._loop_ident
             if not self.authenticated or q or self._flush_scheduled:
                 q.extend(buffers)
+                self._frames.append(buffers)
                 if not on_loop and self.authenticated:  # else the handshake's end flushes it
                     self._last_corked = time.monotonic()
                     if len(q) >= CORK_BUFFERS:
@@ -173,6 +202,7 @@ class OutgoingConnection:
             now = time.monotonic()
             if now - self._last_direct_send < BURST_GAP_S:
                 q.extend(buffers)
+                self._frames.append(buffers)
                 self._flush_scheduled = True
                 if on_loop:  # the rest of the loop's burst goes out in one write, next iteration
                     self._loop.call_soon(self._flush)
@@ -188,7 +218,9 @@ class OutgoingConnection:
                 sent = self._sock.sendmsg(buffers)  # type: ignore[union-attr]
             except (BlockingIOError, InterruptedError):
                 sent = 0
-            except OSError as e:
+            except OSError as e:  # the frame is held (see take_held)
+                q.extend(buffers)
+                self._frames.append(buffers)
                 call_soon(self._fail, e)
                 return
             for b in buffers:  # what the kernel did not take is queued
@@ -199,6 +231,8 @@ class OutgoingConnection:
                 q.append(memoryview(b).cast("B")[sent:] if sent else b)
                 sent = 0
             if q:
+                self._frames.append(buffers)
+                self._head_written = len(buffers) - len(q)  # the queue was empty
                 self._flush_scheduled = True
                 call_soon(self._flush)
 
@@ -209,28 +243,76 @@ class OutgoingConnection:
         is registered whenever the queue is not empty.
         """
         q = self._queue
+        popped = 0
+        failed: OSError | None = None
         while q:
             batch = [q[i] for i in range(min(len(q), MAX_IOV))]
             try:
                 sent = self._sock.sendmsg(batch)  # type: ignore[union-attr]
             except (BlockingIOError, InterruptedError):
                 break
-            except OSError as e:
-                self._loop.call_soon_threadsafe(self._fail, e)
-                return False
+            except OSError as e:  # what is still queued is held (``_hold_unwritten``)
+                failed = e
+                break
             while q and _nbytes(q[0]) <= sent:  # empty buffers (b"" bodies) go here too
                 sent -= _nbytes(q.popleft())
+                popped += 1
             if sent:
                 q[0] = memoryview(q[0]).cast("B")[sent:]
+        frames = self._frames
+        if not q:
+            frames.clear()
+            self._head_written = 0
+        elif popped:  # forget the frames wholly written
+            written = self._head_written + popped
+            while frames and len(frames[0]) <= written:
+                written -= len(frames.popleft())
+            self._head_written = written
+        if failed is not None:
+            self._loop.call_soon_threadsafe(self._fail, failed)
+            return False
         return True
+
+    def _hold_unwritten(self) -> None:
+        """(lock held, closing) Keep the frames with a buffer still queued, whole, for
+        ``take_held``: none of them reached the peer (the greeting is not kept: a new
+        connection has its own)."""
+        held = list(self._frames) if self._queue else []
+        if held and held[0] is self._greeting:  # the new connection has its own
+            del held[0]
+        self._held = held
+        self._frames.clear()
+        self._queue.clear()
+
+    def take_held(self) -> tuple[list[list[Any]], list[tuple[int, Any]]]:
+        """Once closed: the frames (lists of buffers) it never wholly handed to the kernel, oldest
+        first, and their tags as ``(index among them, tag)``; handed out once (then nothing).
+        They were the last of ``frames_sent``: from then on ``frames_sent`` and ``sent_tags``
+        count only the frames written on this connection, wholly or in part. Whoever takes
+        them sends them on (``resend``), or reports them undelivered."""
+        with self._lock:
+            held, self._held = self._held, []
+            base = self.frames_sent - len(held)
+            tags = [(index - base, tag) for index, tag in self._tags if index >= base]
+            self._tags_known_from = self._tags_complete_from()
+            while self._tags and self._tags[-1][0] >= base:
+                self._tags.pop()
+            self.frames_sent = base
+        return held, tags
 
     def sent_tags(self) -> tuple[int, list[list[Any]]]:
         """``(known from, [[frame index, tag], ...])``: the tagged frames sent, complete from
         frame index ``known from`` on (the record is bounded, ``TAG_RECORD``)."""
         with self._lock:
             tags = [[index, tag] for index, tag in self._tags]
-        known_from = tags[0][0] if len(tags) == TAG_RECORD else 0
+            known_from = (
+                self._tags_known_from if self._tags_known_from is not None else self._tags_complete_from()
+            )
         return known_from, tags
+
+    def _tags_complete_from(self) -> int:
+        """(lock held) The first frame index from which ``_tags`` misses no tag."""
+        return self._tags[0][0] if len(self._tags) == TAG_RECORD else 0
 
     def write_corked(self) -> None:
         with self._lock:
@@ -502,6 +584,8 @@ class OutgoingConnection:
             logger.warning("reached %s", self.name)
         with self._lock:
             self.authenticated = True
+            # Nothing was written on it yet, and other threads may write from now on.
+            self.queued_at_handshake = list(self._frames) if self.when_authenticated else []
             if self._queue:
                 self._flush_scheduled = True
                 self._loop.call_soon(self._flush)
@@ -509,6 +593,7 @@ class OutgoingConnection:
                 self._wake_drain_waiters()
         for fn in self.when_authenticated:
             fn()
+        self.queued_at_handshake = []
 
     # -- closing ----------------------------------------------------------------------------
 
@@ -542,7 +627,7 @@ class OutgoingConnection:
                 return
             self.closed = True
             self.close_reason = reason
-            self._queue.clear()
+            self._hold_unwritten()
             self._wake_drain_waiters()
         if self._timer is not None:
             self._timer.cancel()

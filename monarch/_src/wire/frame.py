@@ -112,6 +112,15 @@ class HeaderTemplate:
         return _buffers(head, lengths, bodies, max_frame_bytes)
 
 
+def header_of(buffers: Sequence[Any]) -> dict[str, Any]:
+    """The header of a frame encoded here (``encode_frame``, ``HeaderTemplate.encode``), from
+    its buffers: the prefix and header lead the first buffer, or are the first two."""
+    first = memoryview(buffers[0]).cast("B")
+    (hlen,) = PREFIX.unpack_from(first)
+    head = first[PREFIX_SIZE : PREFIX_SIZE + hlen] if len(first) > PREFIX_SIZE else buffers[1]
+    return decode_header(head)
+
+
 def decode_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     """Decode a header received on an authenticated connection; raise FrameError if malformed."""
     try:

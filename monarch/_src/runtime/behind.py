@@ -1,0 +1,97 @@
+"""A peer's new connection waits for its old one: per-sender FIFO across a reconnection.
+
+When a peer's connection to this process drops at the peer's end, the peer reconnects at once
+and sends first, on the new connection, the frames it never wholly wrote on the old one
+(``transport.outgoing``). The old connection may still carry frames this process has not read
+(in its socket buffer, or on the wire), which are older: the new connection's frames wait until
+the old one delivered every frame the peer's hello says it wrote on it, or ended, or made no
+progress for ``IDLE_S`` (it is then closed, and what it lost is settled as for any drop; an old
+connection idle for that long after it delivered them is closed too).
+Meanwhile the new connection is not read further (its transport paused, where it can be), so
+what waits is about one read's worth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from monarch._src.transport.connection import IncomingConnection
+
+#: An old connection that delivers no frame for this long, while a newer one waits on it, is
+#: closed (its peer closed its end already: what has not come by then is taken as lost).
+IDLE_S = 5.0
+
+Handler = Callable[[dict, list], None]
+
+logger = logging.getLogger("monarch.runtime")
+
+
+class Behind:
+    """Holds the frames of ``new`` until ``old`` delivered ``written`` frames (past its hello)
+    or is closed (``release``); ``route_all(route, frames)`` then routes them, in order."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        new: IncomingConnection,
+        old: IncomingConnection,
+        written: int,
+        route: Handler,
+        route_all: Callable[[Handler, list[tuple[dict, list]]], None],
+    ) -> None:
+        self._loop = loop
+        self._new, self._old, self._written = new, old, written
+        self._route, self._route_all = route, route_all
+        self._frames: list[tuple[dict, list]] = []
+        self._released = False
+        self._old_route = old.on_frame
+        old.on_frame = self._old_frame
+        new.on_frame = self._hold
+        try:
+            new.transport.pause_reading()  # type: ignore[union-attr]
+            self._paused = True
+        except NotImplementedError:  # a loop's reply connection (``SocketReader``): frames queue
+            self._paused = False
+        self._seen = old.frames_read
+        self._timer = loop.call_later(IDLE_S, self._check)
+        logger.debug(
+            "%s: the new connection waits for %d more frames on the old one",
+            old.peer,
+            written + 1 - self._seen,
+        )
+
+    def _hold(self, header: dict, bodies: list) -> None:
+        self._frames.append((header, bodies))
+
+    def _old_frame(self, header: dict, bodies: list) -> None:
+        self._old_route(header, bodies)
+        if self._old.frames_read - 1 >= self._written:  # its hello is not counted
+            self.release()
+
+    def _check(self) -> None:
+        """Close ``old`` once it stays idle (also after ``release``: its peer closed it, and
+        a half-open connection would be kept forever)."""
+        if self._old.closed:
+            return
+        if self._old.frames_read == self._seen:
+            self._old.abort(
+                ConnectionResetError(f"no frame for {IDLE_S}s on a connection its peer replaced and closed")
+            )
+            return
+        self._seen = self._old.frames_read
+        self._timer = self._loop.call_later(IDLE_S, self._check)
+
+    def release(self) -> None:
+        """Route the frames held, in order, and read on (once; later calls do nothing)."""
+        if self._released:
+            return
+        self._released = True
+        self._old.on_frame = self._old_route
+        self._new.on_frame = self._route
+        frames, self._frames = self._frames, []
+        logger.debug("%s: the new connection's %d waiting frames go on", self._old.peer, len(frames))
+        self._route_all(self._route, frames)
+        if self._paused:
+            self._new.transport.resume_reading()  # type: ignore[union-attr]
