@@ -4,7 +4,7 @@ read) and its replies go out corked, and still each call gets its own outcome, i
 Edge cases of that batching: an exception in the middle of a batch, a blocking ``get()`` inside
 an endpoint while the rest of its batch waits, 10,000 calls outstanding at once, and the
 worker's process dying with a batch half done. Also the header templates calls and replies are
-encoded from, against the plain encoder.
+encoded from, and the frames of one call to every rank of a mesh, against the plain encoder.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from helpers import wait_until
 
 import monarch.actor
 from monarch._src.actor.future import add_done_callback
-from monarch._src.wire.frame import PREFIX, FrameTooLargeError, HeaderTemplate, encode_frame
+from monarch._src.wire.frame import PREFIX, FrameTooLargeError, HeaderTemplate, encode_each, encode_frame
 from monarch._src.wire.protocol import PORT_ID, REPLY_PORT, message, port_value
 from monarch.actor import ActorError, SupervisionError, endpoint
 
@@ -157,3 +157,32 @@ def test_a_templated_header_is_the_header_built_whole(size: int) -> None:
     )
     with pytest.raises(FrameTooLargeError):
         template.encode(reply, [body + b"x" * 200], 200)
+
+
+@pytest.mark.parametrize("size", [0, 10, 4000])
+def test_the_frames_of_a_call_to_each_rank_are_the_frames_built_whole(size: int) -> None:
+    """A small call to several ranks shares one encoding of its reply port and body: each
+    rank's frame still decodes to its own header (its rank) and the same body."""
+    body = os.urandom(size)
+    reply = ["unix:/tmp/some.sock", 12345]
+    extent = [["hosts", "gpus"], [2, 2]]
+    templates = [HeaderTemplate(message("key", "echo", None, r, extent), REPLY_PORT) for r in range(4)]
+    frames = encode_each(templates, reply, body, 1 << 30)
+    assert frames is not None and len(frames) == 4
+    for rank, frame in enumerate(frames):
+        assert len(frame) == 1  # one buffer per small frame
+        whole = encode_frame(message("key", "echo", reply, rank, extent), [body], 1 << 30)
+        assert _decoded(frame) == _decoded(whole)
+        assert _decoded(frame)[0]["r"] == rank
+
+
+def test_a_call_to_each_rank_too_large_to_share_an_encoding_is_left_to_the_caller() -> None:
+    """Over the one-buffer size, or over the frame limit, nothing is encoded together (None):
+    the caller encodes each frame on its own, where the limit raises."""
+    templates = [
+        HeaderTemplate(message("key", "echo", None, r, [["gpus"], [2]]), REPLY_PORT) for r in range(2)
+    ]
+    assert encode_each(templates, ["a", 1], os.urandom(64 * 1024), 1 << 30) is None
+    assert encode_each(templates, ["a", 1], b"x" * 300, 200) is None
+    with pytest.raises(FrameTooLargeError):
+        templates[0].encode(["a", 1], [b"x" * 300], 200)

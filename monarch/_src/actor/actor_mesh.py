@@ -36,6 +36,7 @@ class MeshRef:
         "wire_extent",
         "_destinations",
         "_renumbered",
+        "_dest_addresses",
     )
 
     def __init__(self, cls: type, name: str, key: str, addresses: tuple[str, ...], shape: Shape) -> None:
@@ -51,6 +52,7 @@ class MeshRef:
         self.wire_extent: list[Any] = [ext.labels, ext.sizes]
         self._destinations: list[tuple[int, str]] | None = None
         self._renumbered: Shape | None = None
+        self._dest_addresses: list[str] | None = None
 
     def destinations(self) -> list[tuple[int, str]]:
         """(message rank, process address) for every rank of this (sliced) mesh."""
@@ -61,7 +63,12 @@ class MeshRef:
         return d
 
     def dest_addresses(self) -> list[str]:
-        return [a for _, a in self.destinations()]
+        """The process address of every rank of this (sliced) mesh, in ``destinations()``'s
+        order; one list, made once, which callers must not change."""
+        a = self._dest_addresses
+        if a is None:
+            a = self._dest_addresses = [address for _, address in self.destinations()]
+        return a
 
     def shape_renumbered(self) -> Shape:
         """This (sliced) mesh's shape with ranks 0..n-1, the shape of a gathered reply."""

@@ -25,10 +25,11 @@ async def _probe() -> None:
 
 
 _probe_coroutine = _probe()
-_COROUTINE_TYPE = type(_probe_coroutine)
+#: The type of a coroutine object, for hot paths that test it inline.
+COROUTINE_TYPE = type(_probe_coroutine)
 _probe_coroutine.close()
 
 
 def is_coroutine(value: Any) -> bool:
     """Whether ``value`` is a coroutine object (what calling an ``async def`` returns)."""
-    return type(value) is _COROUTINE_TYPE
+    return type(value) is COROUTINE_TYPE

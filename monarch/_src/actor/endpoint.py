@@ -276,14 +276,17 @@ class ActorEndpoint(Generic[R]):
         if reply is not None:
             if len(dests) == 1:  # call_one
                 remote = [dests[0][1]] if dests[0][1] != rt.address else []
-            else:
-                remote = [a for _, a in dests if a != rt.address]
+            else:  # every rank of the mesh: its addresses are listed once (not to be changed)
+                addresses = ref.dest_addresses()
+                remote = (
+                    addresses if rt.address not in addresses else [a for a in addresses if a != rt.address]
+                )
             # Replies from other processes come to the address of the loop the call is made on,
             # which reads them itself (``loop_replies``); actors here reply without a socket.
             port_spec = [rt.reply_address() if remote else rt.address, reply.port_id]
             if remote:  # this process cannot die without the caller; others can
                 if multicast.forwarders:  # a message (or its replies) may pass through them
-                    remote += multicast.forwarders_of(remote)
+                    remote = remote + multicast.forwarders_of(remote)
                 reply.expect_from(remote)
         elif port is not None:
             port_spec = port.reply_to()
@@ -304,8 +307,10 @@ class ActorEndpoint(Generic[R]):
                 templates = self._templates = [
                     HeaderTemplate(message(key, name, None, rank, extent), REPLY_PORT) for rank, _ in dests
                 ]
-            for template, (_, address) in zip(templates, dests):
-                rt.send_templated(address, template, port_spec, bodies)
+            if len(dests) == 1:
+                rt.send_templated(dests[0][1], templates[0], port_spec, bodies)
+            else:
+                rt.send_templated_each(ref.dest_addresses(), templates, port_spec, bodies)
         return dests
 
     def _collect(

@@ -66,14 +66,21 @@ def mark_sync_actor_thread() -> None:
 
 #: Futures that must never be waited for where they are made (an actor's call to itself) ->
 #: (the sync actor's thread ident or the async actor's mailbox task, why). Weak: it costs
-#: nothing once the future is gone, and nothing when empty.
+#: nothing once the future is gone.
 _self_calls: weakref.WeakKeyDictionary[Future[Any], tuple[object, str]] = weakref.WeakKeyDictionary()
+
+
+#: Whether ``_self_calls`` ever had an entry: until then a wait looks nothing up (the mapping's
+#: ``len`` is a Python call, on every wait).
+_any_self_calls = False
 
 
 def forbid_waiting(future: Future[Any], waiter: object, why: str) -> None:
     """``future.get()`` on that thread (an int ident), or ``await future`` in that task, raises
     ``RuntimeError(why)`` instead of deadlocking."""
+    global _any_self_calls
     _self_calls[future] = (waiter, why)
+    _any_self_calls = True
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -145,7 +152,7 @@ class Future(Generic[R]):
                 "blocking would deadlock (e.g. inside an async endpoint).\n"
                 "HINT: use `await fut` instead of `fut.get()` in async code."
             )
-        if _self_calls:
+        if _any_self_calls:
             guard = _self_calls.get(self)
             if guard is not None and guard[0] == ident and self._state != _DONE:
                 raise RuntimeError(guard[1])
@@ -243,7 +250,7 @@ class Future(Generic[R]):
         loop = asyncio._get_running_loop()
         if loop is None:
             raise ValueError("__await__ with no active event loop (either asyncio or tokio)")
-        if _self_calls:
+        if _any_self_calls:
             guard = _self_calls.get(self)
             if guard is not None and guard[0] is asyncio.current_task() and self._state != _DONE:
                 raise RuntimeError(guard[1])

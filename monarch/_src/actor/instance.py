@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from monarch._src.actor.actor import endpoint_table, is_async_actor
@@ -24,7 +24,7 @@ from monarch._src.actor.context import (
     current_message_rank,
     point_of,
 )
-from monarch._src.actor.coroutines import is_coroutine
+from monarch._src.actor.coroutines import COROUTINE_TYPE
 from monarch._src.actor.endpoint import EndpointProperty
 from monarch._src.actor.errors import (
     ActorError,
@@ -114,6 +114,7 @@ class ActorInstance:
         #: A sync actor's messages of the socket read the loop routes now, queued together
         #: once it is routed (``_hand_over``): its thread wakes once per read, not per message.
         self._batch: list[tuple] | None = None
+        #: The runtime loop's thread, where an async actor's mailbox is (set with the mailbox).
         self._loop_ident: int | None = None
         #: ``Runtime.after_this_read``, for a sync actor (set with its queue).
         self._after_this_read: Callable[[Callable[[], None]], bool] | None = None
@@ -195,13 +196,13 @@ class ActorInstance:
 
     def enqueue_init(self, init: tuple) -> None:
         """Queue ``__init__`` first, before any message can be queued (call before registering)."""
+        rt = runtime()
+        self._loop_ident = rt.loop_thread.ident
         if self.is_async:
             self._deque.append((INIT, None, init))
         else:
             self._queue = queue.SimpleQueue()
             self._queue.put((INIT, None, init))
-            rt = runtime()
-            self._loop_ident = rt.loop_thread.ident
             self._after_this_read = rt.after_this_read
 
     def start(self) -> None:
@@ -243,11 +244,10 @@ class ActorInstance:
             if self.stopped:  # raced with the stop: nobody will take it from the queue
                 self._report_unrun(self._reject_queued())
             return
-        rt = runtime()
-        if rt.on_loop_thread():
+        if threading.get_ident() == self._loop_ident:  # (None: not set up to run anything yet)
             self._put_on_loop(item)
         else:
-            rt.loop.call_soon_threadsafe(self._put_on_loop, item)
+            runtime().loop.call_soon_threadsafe(self._put_on_loop, item)
 
     def _hand_over(self) -> None:
         """(loop thread) Queue the messages of the read just routed for this actor's thread."""
@@ -348,7 +348,9 @@ class ActorInstance:
             kind, header, bodies = dq.popleft()
             if kind == MESSAGE:
                 if self._begin_running(header):
-                    await self._handle_async(header, bodies)
+                    run = self._handle_async(header, bodies)
+                    if run is not None:
+                        await run
                     self._running = None
             elif kind == INIT:
                 self._construct(bodies)
@@ -416,14 +418,10 @@ class ActorInstance:
             args = (reply if reply is not None else DROPPING_PORT, *args)
         return fn, args, kwargs, reply, explicit
 
-    def _take_message_done(self) -> list[Callable[[], None]] | None:
-        """What the arguments just unpickled asked to run when their message ends."""
-        done, self._message_done = self._message_done, None
-        return done
-
     def _handle_sync(self, header: dict, bodies: list | tuple[tuple, dict]) -> None:
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)
-        done, self._message_done = self._message_done, None  # see _take_message_done
+        # What the arguments just unpickled asked to run when their message ends.
+        done, self._message_done = self._message_done, None
         if fn is None:
             _run_callbacks(done)
             return
@@ -446,26 +444,29 @@ class ActorInstance:
             if done is not None:
                 _run_callbacks(done)
 
-    async def _handle_async(self, header: dict, bodies: list | tuple[tuple, dict]) -> None:
+    def _handle_async(
+        self, header: dict, bodies: list | tuple[tuple, dict]
+    ) -> Coroutine[Any, Any, None] | None:
+        """Start a message to an async actor: what the mailbox task awaits before the next one
+        (the endpoint's run; for a concurrent endpoint, one step of the loop, which starts its
+        task), or None if there is nothing to run. A plain function, not a coroutine: the
+        mailbox task awaits the endpoint's run directly, one coroutine per message."""
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)
-        done = self._take_message_done()
+        done, self._message_done = self._message_done, None  # as in _handle_sync
         if fn is None:
             _run_callbacks(done)
-            return
-        prop = self._endpoints.get(header[ENDPOINT])
-        if prop is not None and prop.concurrent:
-            import asyncio
-
-            task = asyncio.get_running_loop().create_task(
-                self._run_async(fn, args, kwargs, reply, explicit, header[ENDPOINT], done)
-            )
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            await asyncio.sleep(0)  # start-order guarantee: it runs until its first await
-            return
+            return None
+        # The arguments are the coroutine's alone once this returns: it drops them before replying.
         run = self._run_async(fn, args, kwargs, reply, explicit, header[ENDPOINT], done)
-        del args, kwargs  # owned by the coroutine alone, which drops them before replying
-        await run
+        prop = self._endpoints.get(header[ENDPOINT])
+        if prop is None or not prop.concurrent:
+            return run
+        import asyncio
+
+        task = asyncio.get_running_loop().create_task(run)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return asyncio.sleep(0)  # start-order guarantee: it runs until its first await
 
     async def _run_async(
         self,
@@ -482,7 +483,7 @@ class ActorInstance:
         try:
             result = fn(self.actor, *args, **kwargs)
             args = kwargs = None  # see _handle_sync
-            if _is_awaitable(result):
+            if result.__class__ is COROUTINE_TYPE or _is_awaitable(result):  # (an async def: inline)
                 result = await result
         except Exception as e:
             self._endpoint_raised(name, e, reply, explicit)
@@ -746,9 +747,12 @@ _PLAIN_RESULTS = frozenset({type(None), int, float, str, bytes, bool, tuple, lis
 
 
 def _is_awaitable(value: Any) -> bool:
-    if type(value) in _PLAIN_RESULTS:
+    t = type(value)
+    if t is COROUTINE_TYPE:
+        return True
+    if t in _PLAIN_RESULTS:
         return False
-    return is_coroutine(value) or hasattr(value, "__await__")
+    return hasattr(value, "__await__")
 
 
 def _drop_runtime_frames(e: BaseException) -> None:

@@ -36,7 +36,7 @@ from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
 from monarch._src.transport.outgoing import OutgoingConnection
 from monarch._src.wire import protocol
-from monarch._src.wire.frame import FrameTooLargeError, HeaderTemplate, encode_frame, header_of
+from monarch._src.wire.frame import FrameTooLargeError, HeaderTemplate, encode_each, encode_frame, header_of
 from monarch._src.wire.protocol import (
     KIND,
     PEER_HELLO_KIND,
@@ -322,6 +322,28 @@ class Runtime:
         # Tagged as ``send`` tags it: a reply, by its port id.
         tag = value if value.__class__ is int and template.varying == PORT_ID else None
         self._write(address, template.encode(value, bodies, self.max_frame_bytes), tag)
+
+    def send_templated_each(
+        self, addresses: list[str], templates: list[HeaderTemplate], value: Any, bodies: list
+    ) -> None:
+        """``send_templated`` of one call (MSG frames, ``value`` its reply port) to each of
+        ``addresses``, the header of each from its template (they differ in the rank only).
+        Small frames to other processes, most calls, share one encoding of what they have in
+        common (``encode_each``); none is tagged, as ``send`` tags only replies."""
+        frames = None
+        if (
+            len(bodies) == 1
+            and not self.closed
+            and not self._shm.given_back
+            and self.address not in addresses
+        ):
+            frames = encode_each(templates, value, bodies[0], self.max_frame_bytes)
+        if frames is None:
+            for address, template in zip(addresses, templates):
+                self.send_templated(address, template, value, bodies)
+            return
+        for address, frame in zip(addresses, frames):
+            self._write(address, frame, None)
 
     def _write(self, address: str, buffers: list, tag: Any) -> None:
         conn = self._conns.get(address)

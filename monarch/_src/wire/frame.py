@@ -121,6 +121,28 @@ def header_of(buffers: Sequence[Any]) -> dict[str, Any]:
     return decode_header(head)
 
 
+def encode_each(
+    templates: Sequence[HeaderTemplate], value: Any, body: Any, max_frame_bytes: int
+) -> list[list[Any]] | None:
+    """``[t.encode(value, [body], max_frame_bytes) for t in templates]`` for one message to
+    several destinations (a mesh call: each template differs in the rank only), where its
+    frames are small: what they share (the varying value, the body's length, the body) is
+    packed once, and each frame costs one join. None when a frame would not be small: the
+    caller encodes each one on its own then (``encode`` checks the size limit)."""
+    if not templates:
+        return []
+    n = len(body) if type(body) is bytes else memoryview(body).nbytes
+    tail = _pack(value) + templates[0]._lengths_key + _pack([n])
+    frames = []
+    for t in templates:
+        head = t._head
+        size = len(head) + len(tail)
+        if size + n > JOIN_BYTES or size + n > max_frame_bytes:
+            return None
+        frames.append([b"".join((PREFIX.pack(size), head, tail, body))])
+    return frames
+
+
 def decode_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     """Decode a header received on an authenticated connection; raise FrameError if malformed."""
     try:
