@@ -14,12 +14,11 @@ import os
 import signal
 import threading
 import warnings
-from collections.abc import Iterator
 
 import pytest
 import uvloop
 from actors import Gate, Pid
-from helpers import wait_until
+from helpers import runtime_loop_held, wait_until
 
 import monarch.actor
 from monarch._src.actor import port
@@ -40,24 +39,6 @@ class AsyncEcho(Actor):
         if me == rank:
             raise ValueError(f"rank {me} fails")
         return me
-
-
-@contextlib.contextmanager
-def runtime_loop_held() -> Iterator[None]:
-    """Keep the runtime's loop thread busy (it reads nothing meanwhile) until the block ends."""
-    rt = runtime()
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        held.set()
-        release.wait(30)
-
-    rt.loop_thread.call_soon(hold)
-    assert held.wait(10)
-    try:
-        yield
-    finally:
-        release.set()
 
 
 def open_ports() -> int:

@@ -156,8 +156,10 @@ async def _until_shutdown(
         replies.give_back(loop)
 
 
-class _ReplyAddress:
-    """One listening socket whose connections are read by the loop it is lent to."""
+class ReplyAddress:
+    """A listening socket of this process for replies: its connections are accepted and
+    authenticated on the runtime's loop, as every connection is, and after the peer's hello
+    read by whoever the subclass lends them to (``_reader_ready``)."""
 
     def __init__(self, rt: Runtime, hooks: RuntimeHooks) -> None:
         self._rt = rt
@@ -165,6 +167,83 @@ class _ReplyAddress:
         sock = rt.new_listen_socket()
         self.address = addresses.of_listening_socket(sock)
         self._lock = threading.Lock()
+        #: Authenticated connections, and the ones still in their handshake.
+        self._readers: dict[IncomingConnection, SocketReader] = {}
+        self._ready: set[SocketReader] = set()
+        self._listener = Listener(rt.loop, sock, self._new_incoming, attach=self._attach)
+        rt.loop_thread.call_soon(self._listener.start)
+
+    def _new_incoming(self) -> IncomingConnection:
+        rt = self._rt
+        conn = IncomingConnection(
+            secret=rt.secret,
+            max_frame_bytes=rt.max_frame_bytes,
+            on_frame=lambda header, bodies: self._first_frame(conn, header, bodies),
+            on_reject=self._hooks.reject,
+            on_close=self._closed,
+            name=f"<-{self.address}",
+            local_address=self.address,
+            defer_cut_off=True,  # settled with the peer's next hello (``incoming_closed``)
+        )
+        return conn
+
+    def _attach(self, conn: IncomingConnection, sock: socket.socket) -> None:
+        reader = SocketReader(sock, conn)
+        with self._lock:
+            self._readers[conn] = reader
+        conn.connection_made(reader)
+        reader.watch(self._rt.loop)
+
+    def _first_frame(self, conn: IncomingConnection, header: dict, bodies: list) -> None:
+        """(runtime's loop) The peer's hello, after the handshake: from now on its holder reads."""
+        self._hooks.first_frame(conn, header, bodies, self._route)
+        with self._lock:
+            reader = self._readers.get(conn)
+            if reader is None:
+                return
+            self._ready.add(reader)
+        self._reader_ready(reader)
+
+    def _reader_ready(self, reader: SocketReader) -> None:
+        """(runtime's loop, inside a read of ``reader``) Hand a connection that said hello to
+        whoever reads this address."""
+        raise NotImplementedError
+
+    def _route(self, header: dict, bodies: list) -> None:
+        """Replies go to their ports from whichever thread read them; anything else a peer may
+        send here is the runtime loop's to handle, as on the runtime's own address."""
+        route = self._hooks.route
+        if header.get(KIND) in _REPLY_KINDS or self._rt.on_loop_thread():
+            route(header, bodies)
+        else:
+            self._rt.loop_thread.call_soon(route, header, bodies)
+
+    def _closed(self, conn: IncomingConnection, reason: BaseException | None) -> None:
+        with self._lock:
+            reader = self._readers.pop(conn, None)
+            if reader is not None:
+                self._ready.discard(reader)
+                self._reader_gone(reader)
+        self._rt.loop_thread.call_soon(self._hooks.incoming_closed, conn, reason)
+
+    def _reader_gone(self, reader: SocketReader) -> None:
+        """(lock held, before its socket closes) A connection that ended."""
+
+    def close(self) -> None:
+        """(runtime's loop)"""
+        self._listener.close()
+        addresses.remove_socket_file(self.address)
+        with self._lock:
+            readers = list(self._readers.values())
+        for reader in readers:
+            reader.close()
+
+
+class _ReplyAddress(ReplyAddress):
+    """One reply address whose connections are read by the loop it is lent to."""
+
+    def __init__(self, rt: Runtime, hooks: RuntimeHooks) -> None:
+        super().__init__(rt, hooks)
         #: The loop reading replies now (None: only the runtime's).
         self._holder: asyncio.AbstractEventLoop | None = None
         #: Threads of the holder blocked in ``Future.get()`` right now.
@@ -172,12 +251,7 @@ class _ReplyAddress:
         #: A pulse sent to the holder has not run yet; it had not at the last check either.
         self._pulse_pending = False
         self._stuck = False
-        #: Authenticated connections, and the ones still in their handshake.
-        self._readers: dict[IncomingConnection, SocketReader] = {}
-        self._ready: set[SocketReader] = set()
         self._sentinel: AsyncGenerator[None, None] | None = None
-        self._listener = Listener(rt.loop, sock, self._new_incoming, attach=self._attach)
-        rt.loop_thread.call_soon(self._listener.start)
 
     # -- lending (the holder's thread) ------------------------------------------------------------
 
@@ -271,62 +345,10 @@ class _ReplyAddress:
             else:
                 reader.unwatch(rt_loop)
 
-    def _new_incoming(self) -> IncomingConnection:
-        rt = self._rt
-        conn = IncomingConnection(
-            secret=rt.secret,
-            max_frame_bytes=rt.max_frame_bytes,
-            on_frame=lambda header, bodies: self._first_frame(conn, header, bodies),
-            on_reject=self._hooks.reject,
-            on_close=self._closed,
-            name=f"<-{self.address}",
-            local_address=self.address,
-            defer_cut_off=True,  # settled with the peer's next hello (``incoming_closed``)
-        )
-        return conn
-
-    def _attach(self, conn: IncomingConnection, sock: socket.socket) -> None:
-        reader = SocketReader(sock, conn)
-        with self._lock:
-            self._readers[conn] = reader
-        conn.connection_made(reader)
-        reader.watch(self._rt.loop)
-
-    def _first_frame(self, conn: IncomingConnection, header: dict, bodies: list) -> None:
-        """(runtime's loop) The peer's hello, after the handshake: from now on its holder reads."""
-        self._hooks.first_frame(conn, header, bodies, self._route)
-        with self._lock:
-            reader = self._readers.get(conn)
-            if reader is None:
-                return
-            self._ready.add(reader)
-            holder = self._holder
+    def _reader_ready(self, reader: SocketReader) -> None:
+        holder = self._holder
         if holder is not None:
             try:
                 holder.call_soon_threadsafe(self._watch_on_holder, holder, reader)
             except RuntimeError:  # the holder closed: the runtime's loop reads on
                 pass
-
-    def _route(self, header: dict, bodies: list) -> None:
-        """Replies go to their ports from whichever thread read them; anything else a peer may
-        send here is the runtime loop's to handle, as on the runtime's own address."""
-        route = self._hooks.route
-        if header.get(KIND) in _REPLY_KINDS or self._rt.on_loop_thread():
-            route(header, bodies)
-        else:
-            self._rt.loop_thread.call_soon(route, header, bodies)
-
-    def _closed(self, conn: IncomingConnection, reason: BaseException | None) -> None:
-        with self._lock:
-            reader = self._readers.pop(conn, None)
-            self._ready.discard(reader)  # type: ignore[arg-type]
-        self._rt.loop_thread.call_soon(self._hooks.incoming_closed, conn, reason)
-
-    def close(self) -> None:
-        """(runtime's loop)"""
-        self._listener.close()
-        addresses.remove_socket_file(self.address)
-        with self._lock:
-            readers = list(self._readers.values())
-        for reader in readers:
-            reader.close()

@@ -30,6 +30,7 @@ from monarch._src.runtime.behind import Behind
 from monarch._src.runtime.config import CONFIG, transport_of_config
 from monarch._src.runtime.loop_replies import LoopReplies, RuntimeHooks
 from monarch._src.runtime.loop_thread import LoopThread
+from monarch._src.runtime.thread_replies import ThreadReplies
 from monarch._src.transport import address as addresses
 from monarch._src.transport import auth, tls
 from monarch._src.transport.connection import IncomingConnection
@@ -158,6 +159,13 @@ class Runtime:
             enabled=self._tls is None,
         )
         self._reply_addresses = self.loop_replies.addresses
+        #: Reply addresses read by the threads that wait in ``Future.get()`` (not under TLS).
+        self.thread_replies = ThreadReplies(
+            self,
+            RuntimeHooks(self._on_reply_frame, self._reject, self._first_frame, self._incoming_closed),
+            enabled=self._tls is None,
+            addresses=self._reply_addresses,
+        )
         self._handlers[SHM_GIVE_BACK_KIND] = self._shm.given_back_to_us
         self._peer_lost.append(lambda address, reason: self._shm.reclaim(address))
         with Runtime._instance_lock:
@@ -217,9 +225,13 @@ class Runtime:
     def reply_address(self) -> str:
         """Where replies to a call made on this thread are to be sent: on an event loop other
         than the runtime's, an address that loop reads itself (``loop_replies``), so that a
-        reply wakes the awaiting coroutine's loop directly; elsewhere, this process's address."""
+        reply wakes the awaiting coroutine's loop directly; on a thread with no loop, one that
+        thread reads while it waits in ``Future.get()`` (``thread_replies``); on the runtime's
+        loop, this process's address."""
         loop = asyncio._get_running_loop()
-        if loop is None or loop is self.loop:
+        if loop is None:
+            return self.thread_replies.address_for_thread()
+        if loop is self.loop:
             return self.address
         return self.loop_replies.address_for(loop)
 
@@ -700,6 +712,7 @@ class Runtime:
         async def close_all() -> None:
             self._listener.close()
             self.loop_replies.close()
+            self.thread_replies.close()
             outgoing = list(self._conns.values())
             # Deliver what was sent before shutdown (e.g. "actor stopped" notices), bounded.
             if outgoing:

@@ -1,0 +1,143 @@
+"""Replies to calls made on a thread without an event loop are read by that thread while it
+waits in ``Future.get()`` (runtime/thread_replies.py).
+
+The check that the waiting thread reads its replies itself: the runtime's loop thread is held
+busy while the calls are waited for, and they still complete. Then the guarantees on that path:
+replies to a thread that is not waiting (read by the runtime's loop), a timeout, a thread that
+ends (its address goes to the next thread), a dropped connection, a dead process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+import pytest
+from actors import Gate, Pid
+from helpers import runtime_loop_held, wait_until
+
+import monarch.actor
+from monarch._src.actor.process_state import runtime
+from monarch.actor import Actor, SupervisionError, endpoint, this_host
+
+
+class Echo(Actor):
+    @endpoint
+    def echo(self, x: object) -> object:
+        return x
+
+
+@pytest.mark.timeout(60)
+def test_blocking_get_reads_its_own_replies(procs2):
+    echo = procs2.spawn("echo", Echo)
+    one = echo.slice(gpus=0)
+    assert echo.echo.call("warm").get(timeout=10).values() == ["warm", "warm"]  # both connect here
+    with runtime_loop_held():
+        assert one.echo.call_one(1).get(timeout=10) == 1
+        assert echo.echo.call(2).get(timeout=10).values() == [2, 2]
+        pending = [one.echo.call_one(i) for i in range(300)]  # a burst: corked, then written by get()
+        assert [f.get(timeout=10) for f in pending] == list(range(300))
+    address = runtime().thread_replies.of_this_thread()
+    assert address is not None and address.address in runtime().loop_replies.addresses
+
+
+@pytest.mark.timeout(60)
+def test_replies_to_a_thread_that_does_not_wait_are_read_by_the_runtime_loop(procs1):
+    gate = procs1.spawn("gate", Gate)
+    pids = procs1.spawn("pid", Pid)
+    handed: list = []
+    made, finish = threading.Event(), threading.Event()
+
+    def caller() -> None:
+        pids.pid.call_one().get(timeout=10)  # the worker connects to this thread's address
+        handed.append(gate.wait.call_one())
+        made.set()
+        finish.wait(30)  # blocked, but not in Future.get(): it reads nothing
+
+    t = threading.Thread(target=caller)
+    t.start()
+    try:
+        assert made.wait(20)
+        assert gate.release.call_one().get(timeout=10) == "released"
+        assert handed[0].get(timeout=10) == "done"
+    finally:
+        finish.set()
+        t.join(20)
+
+
+@pytest.mark.timeout(60)
+def test_get_timeout_leaves_the_reply_to_a_later_get(procs1):
+    gate = procs1.spawn("gate", Gate)
+    pids = procs1.spawn("pid", Pid)
+    pids.pid.call_one().get(timeout=10)  # the worker connects to this thread's address
+    pending = gate.wait.call_one()
+    with pytest.raises(TimeoutError):
+        pending.get(timeout=0.2)
+    assert gate.release.call_one().get(timeout=10) == "released"
+    assert pending.get(timeout=10) == "done"
+
+
+@pytest.mark.timeout(60)
+def test_a_thread_that_ends_gives_its_reply_address_to_the_next(procs1):
+    pids = procs1.spawn("pid", Pid)
+    rt = runtime()
+    pid = pids.pid.call_one().get(timeout=10)
+    seen: list = []
+
+    def caller() -> None:
+        seen.append((pids.pid.call_one().get(timeout=10), rt.thread_replies.of_this_thread().address))
+
+    for _ in range(10):
+        t = threading.Thread(target=caller)
+        t.start()
+        t.join(20)
+    assert [p for p, _ in seen] == [pid] * 10
+    main_address = rt.thread_replies.of_this_thread().address
+    assert len({a for _, a in seen}) == 1  # each thread had the address the one before gave back
+    assert main_address not in {a for _, a in seen}
+
+
+@pytest.mark.timeout(60)
+def test_dropped_reply_connection_keeps_running_calls_and_later_calls_work(procs1):
+    gate = procs1.spawn("gate", Gate)
+    pids = procs1.spawn("pid", Pid)
+    pid = pids.pid.call_one().get(timeout=10)  # the worker connects to this thread's address
+    pending = gate.wait.call_one()
+    lent = runtime().thread_replies.of_this_thread()
+    conns = [c for c in lent._readers if c.peer]
+    assert len(conns) == 1
+    conns[0].abort(ConnectionResetError("dropped by the test"))
+    # The worker reconnects at once, and its hello says no reply was lost: the call still
+    # running there completes over the new connection.
+    wait_until(
+        lambda: [c for c in lent._readers if c is not conns[0] and c.peer],
+        timeout=10,
+        what="the worker's new connection to this thread's address",
+    )
+    assert gate.release.call_one().get(timeout=10) == "released"
+    assert pending.get(timeout=10) == "done"
+    assert pids.pid.call_one().get(timeout=10) == pid
+
+
+@pytest.mark.timeout(60)
+def test_dead_process_fails_the_waiting_get(monkeypatch):
+    faults: list = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        gates = pm.spawn("gate", Gate)
+        pids = pm.spawn("pid", Pid)
+        victim = pids.pid.call().get(timeout=10).values()[1]  # both workers reach this address
+        pending = [gates.slice(gpus=1).wait.call_one(), gates.wait.call()]
+        killer = threading.Thread(target=os.kill, args=(victim, signal.SIGKILL))
+        killer.start()  # while this thread waits in get()
+        for fut in pending:
+            with pytest.raises(SupervisionError):
+                fut.get(timeout=10)
+        killer.join(10)
+    finally:
+        with contextlib.suppress(Exception):
+            pm.stop().get(timeout=10)
+    assert faults  # the owner heard of it too
