@@ -187,3 +187,17 @@ def runtime_loop_held() -> Iterator[None]:
         yield
     finally:
         release.set()
+
+
+def drop_reply_connection(lent: Any, what: str) -> None:
+    """Abort the one connection to the reply address ``lent`` (a ``loop_replies.ReplyAddress``)
+    and wait for its replacement: the peer reconnects at once, and its hello (told apart from
+    that of its connection to the process's own address) says whether a reply was lost."""
+    conns = [c for c in lent._readers if c.peer]
+    assert len(conns) == 1
+    conns[0].abort(ConnectionResetError("dropped by the test"))
+    wait_until(
+        lambda: [c for c in lent._readers if c is not conns[0] and c.peer],
+        timeout=10,
+        what=f"the worker's new connection to {what}",
+    )

@@ -16,11 +16,10 @@ import threading
 
 import pytest
 from actors import Gate, Pid
-from helpers import runtime_loop_held, wait_until
+from helpers import drop_reply_connection, runtime_loop_held
 
-import monarch.actor
 from monarch._src.actor.process_state import runtime
-from monarch.actor import Actor, SupervisionError, endpoint, this_host
+from monarch.actor import Actor, SupervisionError, endpoint
 
 
 class Echo(Actor):
@@ -105,39 +104,24 @@ def test_dropped_reply_connection_keeps_running_calls_and_later_calls_work(procs
     pids = procs1.spawn("pid", Pid)
     pid = pids.pid.call_one().get(timeout=10)  # the worker connects to this thread's address
     pending = gate.wait.call_one()
-    lent = runtime().thread_replies.of_this_thread()
-    conns = [c for c in lent._readers if c.peer]
-    assert len(conns) == 1
-    conns[0].abort(ConnectionResetError("dropped by the test"))
-    # The worker reconnects at once, and its hello says no reply was lost: the call still
-    # running there completes over the new connection.
-    wait_until(
-        lambda: [c for c in lent._readers if c is not conns[0] and c.peer],
-        timeout=10,
-        what="the worker's new connection to this thread's address",
-    )
+    # No reply was lost: the call still running completes over the new connection.
+    drop_reply_connection(runtime().thread_replies.of_this_thread(), "this thread's address")
     assert gate.release.call_one().get(timeout=10) == "released"
     assert pending.get(timeout=10) == "done"
     assert pids.pid.call_one().get(timeout=10) == pid
 
 
 @pytest.mark.timeout(60)
-def test_dead_process_fails_the_waiting_get(monkeypatch):
-    faults: list = []
-    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
-    try:
-        gates = pm.spawn("gate", Gate)
-        pids = pm.spawn("pid", Pid)
-        victim = pids.pid.call().get(timeout=10).values()[1]  # both workers reach this address
-        pending = [gates.slice(gpus=1).wait.call_one(), gates.wait.call()]
-        killer = threading.Thread(target=os.kill, args=(victim, signal.SIGKILL))
-        killer.start()  # while this thread waits in get()
-        for fut in pending:
-            with pytest.raises(SupervisionError):
-                fut.get(timeout=10)
-        killer.join(10)
-    finally:
-        with contextlib.suppress(Exception):
-            pm.stop().get(timeout=10)
+def test_dead_process_fails_the_waiting_get(gates2):
+    mesh, gates, pids, faults = gates2
+    victim = pids.pid.call().get(timeout=10).values()[1]  # both workers reach this address
+    pending = [gates.slice(gpus=1).wait.call_one(), gates.wait.call()]
+    killer = threading.Thread(target=os.kill, args=(victim, signal.SIGKILL))
+    killer.start()  # while this thread waits in get()
+    for fut in pending:
+        with pytest.raises(SupervisionError):
+            fut.get(timeout=10)
+    killer.join(10)
+    with contextlib.suppress(Exception):
+        mesh.stop().get(timeout=10)
     assert faults  # the owner heard of it too

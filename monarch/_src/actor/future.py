@@ -125,7 +125,16 @@ def _check_timeout(timeout: float | None) -> None:
 class Future(Generic[R]):
     """The result of a monarch operation. ``get()`` it from a thread, or ``await`` it."""
 
-    __slots__ = ("_state", "_value", "_exc", "_lock", "_waiters", "_callbacks", "__weakref__")
+    __slots__ = (
+        "_state",
+        "_value",
+        "_exc",
+        "_lock",
+        "_waiters",
+        "_callbacks",
+        "_replies_here",
+        "__weakref__",
+    )
 
     # Declared here because ``pending_future`` sets them, skipping ``__init__`` for speed.
     _state: int  # _PENDING or _DONE
@@ -134,6 +143,9 @@ class Future(Generic[R]):
     _lock: threading.Lock
     _waiters: list[Any] | None  # what each blocked get() waits on to be released; None until needed
     _callbacks: list[Callable[[Future[R]], None]] | None
+    #: Its outcome comes in replies sent to the thread that made the call, which reads them
+    #: while it waits (``read_by_waiting_thread``); False: it is waited for on a lock.
+    _replies_here: bool
 
     def __init__(self) -> None:
         raise TypeError(
@@ -189,7 +201,7 @@ class Future(Generic[R]):
             if guard is not None and guard[0] == ident and self._state != _DONE:
                 raise RuntimeError(guard[1])
         self._warn_if_in_loop()
-        reader = _thread_wait()
+        reader = _thread_wait() if self._replies_here else None
         waiter = self._add_waiter(reader.waker if reader is not None else None)
         if waiter is not None:
             flush_corked()  # what this thread sent in a burst may be what it is waiting for
@@ -338,6 +350,7 @@ def pending_future() -> Future[Any]:
     f._lock = threading.Lock()
     f._waiters = None
     f._callbacks = None
+    f._replies_here = False
     return f
 
 
@@ -353,6 +366,12 @@ def failed_future(exc: BaseException) -> Future[Any]:
     f = pending_future()
     f._state, f._exc = _DONE, exc
     return f
+
+
+def read_by_waiting_thread(future: Future[Any]) -> None:
+    """``future`` is resolved by replies to the calling thread's own reply address: a ``get()``
+    on that thread waits by reading them (``set_thread_wait_hook``), not on a lock."""
+    future._replies_here = True
 
 
 def set_result(future: Future[R], value: R) -> bool:

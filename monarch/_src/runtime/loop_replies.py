@@ -27,7 +27,7 @@ import socket
 import threading
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from monarch._src.transport import address as addresses
 from monarch._src.transport.connection import IncomingConnection
@@ -59,21 +59,77 @@ class RuntimeHooks:
     incoming_closed: Callable[[IncomingConnection, BaseException | None], None]
 
 
+A = TypeVar("A", bound="ReplyAddress")
+
+
+class AddressPool(Generic[A]):
+    """Reply addresses made when first needed and reused once given back."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        hooks: RuntimeHooks,
+        make: Callable[[Runtime, RuntimeHooks], A],
+        addresses: set[str],
+        limit: int | None = None,
+    ) -> None:
+        """``addresses``: the runtime's set of every reply address, which this adds to;
+        ``limit``: at most this many addresses."""
+        self._rt = rt
+        self._hooks = hooks
+        self._make = make
+        self._addresses = addresses
+        self._limit = limit
+        self._free: list[A] = []
+        self._all: list[A] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self, what: str) -> A | None:
+        """A free address, or a new one; None where there is none to have (out of descriptors,
+        or at the limit): replies then come to the runtime's own address. ``what``: whose."""
+        with self._lock:
+            lent = self._free.pop() if self._free else None
+            if lent is None and self._limit is not None and len(self._all) >= self._limit:
+                return None
+        if lent is None:
+            try:
+                lent = self._make(self._rt, self._hooks)
+            except OSError as e:  # out of descriptors, say: the runtime's own address still works
+                logger.warning("no reply address for %s (%s); replies go through the runtime", what, e)
+                return None
+            with self._lock:
+                self._all.append(lent)
+            self._addresses.add(lent.address)
+        return lent
+
+    def give_back(self, lent: A) -> None:
+        with self._lock:
+            if not self._closed:
+                self._free.append(lent)
+
+    def close(self) -> None:
+        """(runtime's loop) Stop accepting and close every connection."""
+        with self._lock:
+            self._closed = True
+            every, self._free = list(self._all), []
+        for lent in every:
+            lent.close()
+
+
 class LoopReplies:
     """The reply addresses of one runtime, lent to the loops calls are made on."""
 
     def __init__(self, rt: Runtime, hooks: RuntimeHooks, enabled: bool) -> None:
         self._rt = rt
-        self._hooks = hooks
         #: False under TLS: an encrypted connection cannot change hands after its handshake.
         self._enabled = enabled
         self._lent: dict[asyncio.AbstractEventLoop, _ReplyAddress] = {}
-        self._free: list[_ReplyAddress] = []
-        self._all: list[_ReplyAddress] = []
         self._lock = threading.Lock()
         self._watching = False
         #: Every reply address: frames sent to one of them from this process stay in it.
         self.addresses: set[str] = set()
+        self._pool = AddressPool(rt, hooks, _ReplyAddress, self.addresses)
 
     def address_for(self, loop: asyncio.AbstractEventLoop) -> str:
         """(``loop``'s thread, ``loop`` running) The address replies to a call made here come to."""
@@ -82,17 +138,9 @@ class LoopReplies:
             return lent.address
         if not self._enabled or self._rt.closed or getattr(loop, "_asyncgens_shutdown_called", False):
             return self._rt.address  # (a loop shutting down would not close the sentinel)
-        with self._lock:
-            lent = self._free.pop() if self._free else None
+        lent = self._pool.take("an event loop")
         if lent is None:
-            try:
-                lent = _ReplyAddress(self._rt, self._hooks)
-            except OSError as e:  # out of descriptors, say: the runtime's own address still works
-                logger.warning("no reply address for an event loop (%s); replies go through the runtime", e)
-                return self._rt.address
-            with self._lock:
-                self._all.append(lent)
-            self.addresses.add(lent.address)
+            return self._rt.address
         with self._lock:
             self._lent[loop] = lent
             watch = not self._watching
@@ -109,8 +157,7 @@ class LoopReplies:
         if lent is None:
             return
         lent.release(loop)
-        with self._lock:
-            self._free.append(lent)
+        self._pool.give_back(lent)
 
     def before_blocking_wait(self) -> Callable[[], None] | None:
         """Called by a thread about to block until a result comes (``Future.get``): if the loop
@@ -141,9 +188,8 @@ class LoopReplies:
     def close(self) -> None:
         """(runtime's loop) Stop accepting and close every connection."""
         with self._lock:
-            every, self._lent, self._free = list(self._all), {}, []
-        for lent in every:
-            lent.close()
+            self._lent = {}
+        self._pool.close()
 
 
 async def _until_shutdown(

@@ -22,7 +22,6 @@ next one (replies still on their way are read by the runtime's loop meanwhile).
 
 from __future__ import annotations
 
-import logging
 import os
 import select
 import threading
@@ -30,16 +29,17 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from monarch._src.runtime.loop_replies import ReplyAddress, RuntimeHooks
+from monarch._src.runtime.loop_replies import AddressPool, ReplyAddress, RuntimeHooks
 from monarch._src.transport.socket_reader import SocketReader
 
 if TYPE_CHECKING:
     from monarch._src.runtime.runtime import Runtime
 
-logger = logging.getLogger("monarch.runtime")
-
 #: The longest the holder waits in one poll before it looks whether its address was closed.
 POLL_SLICE_S = 1.0
+#: At most this many thread addresses per process (each costs every peer that replies to it a
+#: connection); further threads' replies come to the process's own address, as without them.
+MAX_ADDRESSES = 32
 
 
 class _Held(threading.local):
@@ -64,36 +64,23 @@ class ThreadReplies:
         """``enabled``: False under TLS (an encrypted connection cannot change hands after its
         handshake); ``addresses``: the runtime's set of reply addresses, which this adds to."""
         self._rt = rt
-        self._hooks = hooks
         self._enabled = enabled
-        self._addresses = addresses
         self._held = _Held()
-        self._free: list[ThreadAddress] = []
-        self._all: list[ThreadAddress] = []
-        self._lock = threading.Lock()
-        self._closed = False
+        self._pool = AddressPool(rt, hooks, ThreadAddress, addresses, MAX_ADDRESSES)
 
     def address_for_thread(self) -> str:
         """(a thread with no running event loop) The address replies to a call made here come to."""
         lease = self._held.lease
         if lease is not None:
             return lease.address.address
-        if not self._enabled or self._closed or self._rt.closed:
+        if not self._enabled or self._rt.closed:
             return self._rt.address
-        with self._lock:
-            lent = self._free.pop() if self._free else None
+        lent = self._pool.take("a thread")
         if lent is None:
-            try:
-                lent = ThreadAddress(self._rt, self._hooks)
-            except OSError as e:  # out of descriptors, say: the runtime's own address still works
-                logger.warning("no reply address for a thread (%s); replies go through the runtime", e)
-                return self._rt.address
-            with self._lock:
-                self._all.append(lent)
-            self._addresses.add(lent.address)
+            return self._rt.address
         lent.lend_to(threading.get_ident())
         lease = self._held.lease = _Lease(lent)
-        weakref.finalize(lease, self._give_back, lent)
+        weakref.finalize(lease, self._pool.give_back, lent)  # when its thread ends
         return lent.address
 
     def of_this_thread(self) -> ThreadAddress | None:
@@ -101,19 +88,9 @@ class ThreadReplies:
         lease = self._held.lease
         return lease.address if lease is not None else None
 
-    def _give_back(self, lent: ThreadAddress) -> None:
-        """Its thread ended: the next thread to call may have the address."""
-        with self._lock:
-            if not self._closed:
-                self._free.append(lent)
-
     def close(self) -> None:
         """(runtime's loop) Stop accepting and close every connection."""
-        with self._lock:
-            self._closed = True
-            every, self._free = list(self._all), []
-        for lent in every:
-            lent.close()
+        self._pool.close()
 
 
 class _Wake:
