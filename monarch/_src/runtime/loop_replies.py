@@ -210,9 +210,10 @@ class ReplyAddress:
     def __init__(self, rt: Runtime, hooks: RuntimeHooks) -> None:
         self._rt = rt
         self._hooks = hooks
-        sock = rt.new_listen_socket()
+        sock = rt.new_reply_socket()
         self.address = addresses.of_listening_socket(sock)
-        self._lock = threading.Lock()
+        #: Guards the connections (and what subclasses keep of them).
+        self.lock = threading.Lock()
         #: Authenticated connections, and the ones still in their handshake.
         self._readers: dict[IncomingConnection, SocketReader] = {}
         self._ready: set[SocketReader] = set()
@@ -235,7 +236,7 @@ class ReplyAddress:
 
     def _attach(self, conn: IncomingConnection, sock: socket.socket) -> None:
         reader = SocketReader(sock, conn)
-        with self._lock:
+        with self.lock:
             self._readers[conn] = reader
         conn.connection_made(reader)
         reader.watch(self._rt.loop)
@@ -243,7 +244,7 @@ class ReplyAddress:
     def _first_frame(self, conn: IncomingConnection, header: dict, bodies: list) -> None:
         """(runtime's loop) The peer's hello, after the handshake: from now on its holder reads."""
         self._hooks.first_frame(conn, header, bodies, self._route)
-        with self._lock:
+        with self.lock:
             reader = self._readers.get(conn)
             if reader is None:
                 return
@@ -265,7 +266,7 @@ class ReplyAddress:
             self._rt.loop_thread.call_soon(route, header, bodies)
 
     def _closed(self, conn: IncomingConnection, reason: BaseException | None) -> None:
-        with self._lock:
+        with self.lock:
             reader = self._readers.pop(conn, None)
             if reader is not None:
                 self._ready.discard(reader)
@@ -279,7 +280,7 @@ class ReplyAddress:
         """(runtime's loop)"""
         self._listener.close()
         addresses.remove_socket_file(self.address)
-        with self._lock:
+        with self.lock:
             readers = list(self._readers.values())
         for reader in readers:
             reader.close()
@@ -302,7 +303,7 @@ class _ReplyAddress(ReplyAddress):
     # -- lending (the holder's thread) ------------------------------------------------------------
 
     def lend_to(self, loop: asyncio.AbstractEventLoop, sentinel: AsyncGenerator[None, None]) -> None:
-        with self._lock:
+        with self.lock:
             self._holder = loop
             self._pulse_pending = self._stuck = False
             ready = list(self._ready)
@@ -316,7 +317,7 @@ class _ReplyAddress(ReplyAddress):
         self._rt.loop_thread.call_soon(self.settle)
 
     def release(self, loop: asyncio.AbstractEventLoop) -> None:
-        with self._lock:
+        with self.lock:
             if self._holder is loop:
                 self._holder = None
             self._blocked = 0
@@ -337,12 +338,12 @@ class _ReplyAddress(ReplyAddress):
                 pass
 
     def block(self) -> Callable[[], None]:
-        with self._lock:
+        with self.lock:
             self._blocked += 1
         self._rt.loop_thread.call_soon(self.settle)
 
         def unblock() -> None:
-            with self._lock:
+            with self.lock:
                 self._blocked = max(0, self._blocked - 1)
             self._rt.loop_thread.call_soon(self.settle)
 

@@ -210,6 +210,15 @@ class Runtime:
             return addresses.listen_tcp(CONFIG.tcp_bind_host)
         return addresses.listen_unix(self.new_socket_path())
 
+    def new_reply_socket(self) -> socket.socket:
+        """A listening socket for replies to this process (``loop_replies``, ``thread_replies``),
+        reached as its own address is: a Unix socket in the job's directory, or TCP on the host
+        of its TCP address (a peer must not take it for a process of its own host)."""
+        own = addresses.parse(self.address)
+        if isinstance(own, addresses.TcpAddress):
+            return addresses.listen_tcp(own.host)
+        return addresses.listen_unix(self.new_socket_path())
+
     def is_local(self, address: str) -> bool:
         return address == self.address
 

@@ -137,7 +137,7 @@ class ThreadAddress(ReplyAddress):
         """(the holder) Read this address's connections until ``future`` is done (True), for at
         most ``timeout`` seconds (False); None, at once, where this cannot wait (the address is
         closed, or this wait is inside another one: a frame read here led to a ``get()``)."""
-        with self._lock:
+        with self.lock:
             if self.closed or self._waiting:
                 return None
             self._waiting = True
@@ -168,7 +168,7 @@ class ThreadAddress(ReplyAddress):
                     return None
             return True
         finally:
-            with self._lock:
+            with self.lock:
                 self._waiting = False
                 if not self.closed:
                     self._loop_reads(True)
@@ -187,7 +187,7 @@ class ThreadAddress(ReplyAddress):
     def _reader_ready(self, reader: SocketReader) -> None:
         reader.unwatch(self._rt.loop)  # from now on through ``_loop_poll``, or the holder
         fd = reader.fileno()
-        with self._lock:
+        with self.lock:
             if self.closed:
                 return
             self._by_fd[fd] = reader
@@ -217,7 +217,7 @@ class ThreadAddress(ReplyAddress):
     def close(self) -> None:
         """(runtime's loop) Also wakes a holder waiting now (it then waits without this address);
         the descriptors stay open, as a future may still release the holder's wake-up."""
-        with self._lock:
+        with self.lock:
             self.closed = True
         try:
             self._rt.loop.remove_reader(self._loop_poll.fileno())
