@@ -31,13 +31,16 @@ class Echo(Actor):
 @pytest.mark.timeout(60)
 def test_blocking_get_reads_its_own_replies(procs2):
     echo = procs2.spawn("echo", Echo)
-    one = echo.slice(gpus=0)
-    assert echo.echo.call("warm").get(timeout=10).values() == ["warm", "warm"]  # both connect here
-    with runtime_loop_held():
+    one, two = echo.slice(gpus=0), echo.slice(gpus=1)
+    assert [one.echo.call_one(0).get(timeout=10), two.echo.call_one(0).get(timeout=10)] == [0, 0]
+    with runtime_loop_held():  # both workers reached this thread's address: the loop reads nothing
         assert one.echo.call_one(1).get(timeout=10) == 1
-        assert echo.echo.call(2).get(timeout=10).values() == [2, 2]
+        assert two.echo.choose(2).get(timeout=10) == 2
         pending = [one.echo.call_one(i) for i in range(300)]  # a burst: corked, then written by get()
         assert [f.get(timeout=10) for f in pending] == list(range(300))
+    # The replies of several processes to one call are read by the runtime's loop, which wakes
+    # the waiting thread once for all of them.
+    assert echo.echo.call(3).get(timeout=10).values() == [3, 3]
     address = runtime().thread_replies.of_this_thread()
     assert address is not None and address.address in runtime().loop_replies.addresses
 
@@ -114,7 +117,7 @@ def test_dropped_reply_connection_keeps_running_calls_and_later_calls_work(procs
 @pytest.mark.timeout(60)
 def test_dead_process_fails_the_waiting_get(gates2):
     mesh, gates, pids, faults = gates2
-    victim = pids.pid.call().get(timeout=10).values()[1]  # both workers reach this address
+    victim = pids.pid.call().get(timeout=10).values()[1]
     pending = [gates.slice(gpus=1).wait.call_one(), gates.wait.call()]
     killer = threading.Thread(target=os.kill, args=(victim, signal.SIGKILL))
     killer.start()  # while this thread waits in get()
