@@ -210,9 +210,10 @@ class Future(Generic[R]):
             unblock = _before_blocking_wait()
             try:
                 ok = reader.wait(self, timeout) if reader is not None else None
-                if ok is None:  # no reading here after all: on a lock, as any thread
-                    self._remove_waiter(waiter)
-                    waiter = self._add_waiter(None)
+                if ok is None:  # on a lock, as any thread
+                    if reader is not None:  # no reading here after all
+                        self._remove_waiter(waiter)
+                        waiter = self._add_waiter(None)
                     ok = waiter is None or waiter.acquire(True, -1 if timeout is None else timeout)
             finally:
                 if unblock is not None:
