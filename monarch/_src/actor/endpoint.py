@@ -290,8 +290,10 @@ class ActorEndpoint(Generic[R]):
                 )
             # Replies from other processes come to the address of the loop the call is made on,
             # which reads them itself (``loop_replies``), or that of the thread for a call with
-            # one destination (``thread_replies``); actors here reply without a socket.
-            port_spec = [rt.reply_address(len(dests) == 1) if remote else rt.address, reply.port_id]
+            # one destination and no large buffers (``thread_replies``); actors here reply
+            # without a socket.
+            thread_reads = len(dests) == 1 and bodies is not None and len(bodies) == 1
+            port_spec = [rt.reply_address(thread_reads) if remote else rt.address, reply.port_id]
             if remote:  # this process cannot die without the caller; others can
                 if multicast.forwarders:  # a message (or its replies) may pass through them
                     remote = remote + multicast.forwarders_of(remote)

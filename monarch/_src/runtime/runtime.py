@@ -231,16 +231,19 @@ class Runtime:
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self.loop_thread.ident
 
-    def reply_address(self, one_reply: bool = True) -> str:
+    def reply_address(self, thread_reads: bool = True) -> str:
         """Where replies to a call made on this thread are to be sent: on an event loop other
         than the runtime's, an address that loop reads itself (``loop_replies``), so that a
-        reply wakes the awaiting coroutine's loop directly; on a thread with no loop, for a
-        call with ``one_reply``, one that thread reads while it waits in ``Future.get()``
-        (``thread_replies``; several replies are better read by the runtime's loop, which wakes
-        the thread once for all of them); else this process's address."""
+        reply wakes the awaiting coroutine's loop directly; on a thread with no loop, if
+        ``thread_reads``, one that thread reads while it waits in ``Future.get()``
+        (``thread_replies``); else this process's address. Not for a call with several
+        destinations (the runtime's loop wakes the thread once for all their replies), nor one
+        whose arguments may lend shared memory: its receiver gives the files back on its
+        connection to this process's address, ahead of the reply, so that the next call finds
+        them free; a reply read first by the thread would leave them lent."""
         loop = asyncio._get_running_loop()
         if loop is None:
-            return self.thread_replies.address_for_thread() if one_reply else self.address
+            return self.thread_replies.address_for_thread() if thread_reads else self.address
         if loop is self.loop:
             return self.address
         return self.loop_replies.address_for(loop)
