@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import psutil
@@ -79,3 +81,23 @@ def procs1() -> Iterator[object]:
     pm = this_host().spawn_procs(per_host={"gpus": 1})
     yield pm
     pm.stop().get(timeout=10)
+
+
+@pytest.fixture
+def gates2(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any, Any, list]]:
+    """``(mesh, gates, pids, faults)``: ``Gate`` and ``Pid`` actors on a 2-process mesh, stopped
+    after the test if it did not; the failures their owner hears of go to ``faults`` (the default
+    hook exits), all of them once ``mesh.stop()`` returned."""
+    from actors import Gate, Pid
+
+    import monarch.actor
+    from monarch.actor import this_host
+
+    faults: list = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        yield pm, pm.spawn("gate", Gate), pm.spawn("pid", Pid), faults
+    finally:
+        with contextlib.suppress(Exception):
+            pm.stop().get(timeout=10)

@@ -9,8 +9,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -165,3 +166,38 @@ def kill_leftovers(procs: list[psutil.Process]) -> None:
             p.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+@contextlib.contextmanager
+def runtime_loop_held() -> Iterator[None]:
+    """Keep the runtime's loop thread busy (it reads nothing meanwhile) until the block ends: what
+    still completes inside was read by another thread."""
+    from monarch._src.actor.process_state import runtime
+
+    rt = runtime()
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        release.wait(30)
+
+    rt.loop_thread.call_soon(hold)
+    assert held.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+
+
+def drop_reply_connection(lent: Any, what: str) -> None:
+    """Abort the one connection to the reply address ``lent`` (a ``loop_replies.ReplyAddress``)
+    and wait for its replacement: the peer reconnects at once, and its hello (told apart from
+    that of its connection to the process's own address) says whether a reply was lost."""
+    conns = [c for c in lent._readers if c.peer]
+    assert len(conns) == 1
+    conns[0].abort(ConnectionResetError("dropped by the test"))
+    wait_until(
+        lambda: [c for c in lent._readers if c is not conns[0] and c.peer],
+        timeout=10,
+        what=f"the worker's new connection to {what}",
+    )

@@ -14,14 +14,12 @@ import os
 import signal
 import threading
 import warnings
-from collections.abc import Iterator
 
 import pytest
 import uvloop
 from actors import Gate, Pid
-from helpers import wait_until
+from helpers import drop_reply_connection, runtime_loop_held
 
-import monarch.actor
 from monarch._src.actor import port
 from monarch._src.actor.process_state import runtime
 from monarch.actor import Actor, ActorError, SupervisionError, endpoint, this_host, this_proc
@@ -40,24 +38,6 @@ class AsyncEcho(Actor):
         if me == rank:
             raise ValueError(f"rank {me} fails")
         return me
-
-
-@contextlib.contextmanager
-def runtime_loop_held() -> Iterator[None]:
-    """Keep the runtime's loop thread busy (it reads nothing meanwhile) until the block ends."""
-    rt = runtime()
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        held.set()
-        release.wait(30)
-
-    rt.loop_thread.call_soon(hold)
-    assert held.wait(10)
-    try:
-        yield
-    finally:
-        release.set()
 
 
 def open_ports() -> int:
@@ -173,18 +153,8 @@ def test_dropped_reply_connection_keeps_running_calls_and_later_calls_work(procs
     async def main() -> None:
         pid = await pids.pid.call_one()  # the worker connects to this loop's address
         pending = gate.wait.call_one()
-        lent = runtime().loop_replies._lent[asyncio.get_running_loop()]
-        conns = list(lent._readers)
-        assert len(conns) == 1
-        conns[0].abort(ConnectionResetError("dropped by the test"))
-        # The worker reconnects to this loop's address at once, and its hello (told apart from
-        # that of its connection to the process's own address) says no reply was lost: the call
-        # still running there completes over the new connection.
-        wait_until(
-            lambda: [c for c in lent._readers if c is not conns[0] and c.peer],
-            timeout=10,
-            what="the worker's new connection to this loop's address",
-        )
+        # No reply was lost: the call still running completes over the new connection.
+        drop_reply_connection(runtime().loop_replies._lent[asyncio.get_running_loop()], "this loop's address")
         assert await asyncio.wait_for(gate.release.call_one(), 10) == "released"
         assert await asyncio.wait_for(pending, 10) == "done"
         assert await asyncio.wait_for(pids.pid.call_one(), 10) == pid
@@ -232,26 +202,20 @@ def test_gather_with_a_failing_rank_fails_at_once(procs2):
 
 
 @pytest.mark.timeout(60)
-def test_dead_process_fails_the_pending_awaits(monkeypatch):
-    faults: list = []
-    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
-    try:
-        gates = pm.spawn("gate", Gate)
-        pids = pm.spawn("pid", Pid)
+def test_dead_process_fails_the_pending_awaits(gates2):
+    mesh, gates, pids, faults = gates2
 
-        async def main() -> None:
-            victim = (await pids.pid.call()).values()[1]  # both workers reach this loop's address
-            pending = [gates.slice(gpus=1).wait.call_one(), gates.wait.call()]
-            os.kill(victim, signal.SIGKILL)
-            for fut in pending:
-                with pytest.raises(SupervisionError):
-                    await asyncio.wait_for(fut, 10)
+    async def main() -> None:
+        victim = (await pids.pid.call()).values()[1]  # both workers reach this loop's address
+        pending = [gates.slice(gpus=1).wait.call_one(), gates.wait.call()]
+        os.kill(victim, signal.SIGKILL)
+        for fut in pending:
+            with pytest.raises(SupervisionError):
+                await asyncio.wait_for(fut, 10)
 
-        asyncio.run(main())
-    finally:
-        with contextlib.suppress(Exception):
-            pm.stop().get(timeout=10)
+    asyncio.run(main())
+    with contextlib.suppress(Exception):
+        mesh.stop().get(timeout=10)
     assert faults  # the owner heard of it too
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fault_helpers import Probe
 from helpers import wait_until
-from test_reply_connection_dropped import drop_connection_from
+from test_reply_connection_dropped import drop_connection_from, where_from_the_loop
 
 import monarch.actor
 from monarch.actor import endpoint, this_host
@@ -35,7 +35,7 @@ def test_a_broadcast_failure_report_lost_with_the_connection_reaches_the_owner(
     pm = this_host().spawn_procs()
     try:
         failing = pm.spawn("failing", Failing)
-        _, address = failing.where.call_one().get(timeout=30)
+        _, address = where_from_the_loop(failing)
 
         start = time.monotonic()
         drop_connection_from(address, send_first=failing.fail.broadcast)

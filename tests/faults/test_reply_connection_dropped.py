@@ -23,17 +23,21 @@ from monarch.actor import this_host
 
 
 def drop_connection_from(address: str, send_first: Callable[[], Any] | None = None) -> Any:
-    """Abort the connection the process at ``address`` sends to this (client) process on.
+    """Abort the connection the process at ``address`` sends this thread's replies on (to this
+    thread's reply address, ``thread_replies``, if it has one; else to the process's own).
 
     With ``send_first``, the client's loop is held while it sends (from the loop thread, so it
-    is written at once) and the answer arrives: the connection is aborted with that answer
-    unread, so it is lost. Returns what ``send_first`` returned, else how many were aborted."""
+    is written at once, and answered at the process's own address: see ``where_from_the_loop``)
+    and the answer arrives: the connection is aborted with that answer unread, so it is lost.
+    Returns what ``send_first`` returned, else how many were aborted."""
     from monarch._src.actor.process_state import runtime
 
     rt = runtime()
+    lent = rt.thread_replies.of_this_thread() if send_first is None else None
 
     async def drop() -> Any:
-        conns = [c for c in rt._incoming if c.peer == address]
+        incoming = list(lent._readers) if lent is not None else rt._incoming
+        conns = [c for c in incoming if c.peer == address]
         result: Any = len(conns)
         if send_first is not None:
             (conn,) = conns
@@ -47,6 +51,18 @@ def drop_connection_from(address: str, send_first: Callable[[], Any] | None = No
         return result
 
     return rt.loop_thread.run_sync(drop(), timeout=20)
+
+
+def where_from_the_loop(probe: Any) -> tuple[int, str]:
+    """``probe.where`` (a mesh of one actor with ``Probe``'s ``where``) called from the client's runtime loop, so its
+    process answers at the client's own address, and has a connection to it from then on (a
+    call made on a thread is answered at that thread's reply address instead)."""
+    from monarch._src.actor.process_state import runtime
+
+    async def where() -> tuple[int, str]:
+        return await probe.where.call_one()
+
+    return runtime().loop_thread.run_sync(where(), timeout=30)
 
 
 @pytest.mark.timeout(60)
@@ -76,7 +92,7 @@ def test_a_call_whose_reply_was_lost_fails_and_one_still_running_completes():
     try:
         gate = pm.spawn("gate", Gate)
         probe = pm.spawn("probe", Probe)
-        _, address = probe.where.call_one().get(timeout=30)
+        _, address = where_from_the_loop(probe)
         running = gate.wait.call_one()
 
         start = time.monotonic()

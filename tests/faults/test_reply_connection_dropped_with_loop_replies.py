@@ -10,7 +10,7 @@ import time
 
 import pytest
 from fault_helpers import Probe
-from test_reply_connection_dropped import drop_connection_from
+from test_reply_connection_dropped import drop_connection_from, where_from_the_loop
 
 from monarch.actor import this_host
 
@@ -20,7 +20,7 @@ def test_reply_lost_on_the_process_address_fails_at_once_beside_a_loop_reply_con
     pm = this_host().spawn_procs(per_host={"gpus": 1})
     try:
         probe = pm.spawn("probe", Probe)
-        _, address = probe.where.call_one().get(timeout=30)
+        _, address = where_from_the_loop(probe)
 
         async def on_a_loop() -> str:
             return await probe.ping.call_one("loop")  # the worker's second connection says hello

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_reply_connection_dropped import drop_connection_from
+from test_reply_connection_dropped import drop_connection_from, where_from_the_loop
 
 from monarch._src.actor.proc_mesh import STOP_ANSWER_GRACE_S
 from monarch._src.runtime.config import CONFIG
@@ -100,7 +100,7 @@ def test_a_proc_killed_while_stopping_leaves_the_other_ranks_accounted_for(mesh:
 
 def test_an_acknowledgement_lost_with_its_connection_is_asked_for_again(mesh: Any) -> None:
     stoppers, _ = mesh
-    _, address = stoppers.slice(gpus=0).where.call_one().get(timeout=10)
+    _, address = where_from_the_loop(stoppers.slice(gpus=0))
     start = time.monotonic()
     stopped = drop_connection_from(address, send_first=stoppers.stop)  # rank 0's answer is lost
     with pytest.raises(SupervisionError) as info:

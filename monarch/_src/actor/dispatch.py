@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from monarch._src.actor import log_forwarding, log_prefix, multicast, port, supervision, undelivered
 from monarch._src.actor.context import extent_of
 from monarch._src.actor.errors import SupervisionError
-from monarch._src.actor.future import set_blocking_wait_hook, set_loop_thread_probe
+from monarch._src.actor.future import set_blocking_wait_hook, set_loop_thread, set_thread_wait_hook
 from monarch._src.actor.instance import (
     MESSAGE,
     STOP,
@@ -73,8 +73,9 @@ def install(rt: Runtime) -> None:
     rt.on_undeliverable(undelivered.message_rejected)
     rt.on_frames_lost(undelivered.connection_lost)
     rt.on_replies_lost(undelivered.replies_lost)
-    set_loop_thread_probe(lambda: rt.loop_thread.ident)
+    set_loop_thread(rt.loop_thread.ident)
     set_blocking_wait_hook(rt.loop_replies.before_blocking_wait)
+    set_thread_wait_hook(rt.thread_replies.of_this_thread)
     if not this_process.is_worker:
         supervision.install_sigint_wrapper()
 
@@ -114,7 +115,7 @@ def handle_message(header: dict, bodies: list) -> None:
         multicast.in_order(header, bodies, handle_message)
         return
     key = header[ACTOR]
-    inst = this_process.lookup(key)
+    inst = this_process.actors.get(key)  # ``lookup`` without a call: once a message
     if inst is None and key in this_process.on_demand_actors:
         this_process.on_demand_actors[key]()
         inst = this_process.lookup(key)

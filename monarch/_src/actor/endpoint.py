@@ -19,7 +19,7 @@ from monarch._src.actor.collectors import GatherCollector, OnceCollector, Stream
 from monarch._src.actor.context import current_instance
 from monarch._src.actor.coroutines import is_coroutine_function
 from monarch._src.actor.errors import SupervisionError
-from monarch._src.actor.future import Future, forbid_waiting
+from monarch._src.actor.future import Future, forbid_waiting, read_by_waiting_thread
 from monarch._src.actor.port import Port, PortHandler, port_receiver
 from monarch._src.actor.process_state import runtime, this_process
 from monarch._src.wire import payload
@@ -60,6 +60,13 @@ def _current_task() -> object | None:
         return asyncio.current_task()
     except RuntimeError:  # no running loop in this thread
         return None
+
+
+def _futures_of(collector: PortHandler) -> list[Future[Any]]:
+    """The futures the replies to ``collector`` resolve (one, or a stream's)."""
+    if type(collector) is StreamCollector:
+        return collector.futures
+    return [collector.future]  # type: ignore[attr-defined]
 
 
 def _deliver_here(rt: Runtime, header: dict, call: tuple[tuple, dict]) -> None:
@@ -282,12 +289,18 @@ class ActorEndpoint(Generic[R]):
                     addresses if rt.address not in addresses else [a for a in addresses if a != rt.address]
                 )
             # Replies from other processes come to the address of the loop the call is made on,
-            # which reads them itself (``loop_replies``); actors here reply without a socket.
-            port_spec = [rt.reply_address() if remote else rt.address, reply.port_id]
+            # which reads them itself (``loop_replies``), or that of the thread for a call with
+            # one destination and no large buffers (``thread_replies``); actors here reply
+            # without a socket.
+            thread_reads = len(dests) == 1 and bodies is not None and len(bodies) == 1
+            port_spec = [rt.reply_address(thread_reads) if remote else rt.address, reply.port_id]
             if remote:  # this process cannot die without the caller; others can
                 if multicast.forwarders:  # a message (or its replies) may pass through them
                     remote = remote + multicast.forwarders_of(remote)
                 reply.expect_from(remote)
+                if port_spec[0] != rt.address:  # to this loop's or this thread's own address
+                    for f in _futures_of(reply):
+                        read_by_waiting_thread(f)
         elif port is not None:
             port_spec = port.reply_to()
         else:
@@ -359,8 +372,7 @@ class ActorEndpoint(Generic[R]):
             "only run after the running one returns (an actor handles one message at a time).\n"
             f"HINT: call the method directly (self.{self._name}(...)), or {fix}."
         )
-        futures = getattr(collector, "futures", None) or [collector.future]  # type: ignore[attr-defined]
-        for f in futures:
+        for f in _futures_of(collector):
             forbid_waiting(f, waiter, why)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:

@@ -15,7 +15,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from monarch._src.transport.cork import flush_corked
 
@@ -28,17 +28,14 @@ _PENDING = 0
 _DONE = 1
 
 
-def _no_loop_thread() -> int | None:
-    return None
+#: The runtime loop's thread, which must never block (None until a runtime started).
+_loop_thread_ident: int | None = None
 
 
-_loop_thread_ident: Callable[[], int | None] = _no_loop_thread
-
-
-def set_loop_thread_probe(probe: Callable[[], int | None]) -> None:
+def set_loop_thread(ident: int | None) -> None:
     """Let the runtime tell futures which thread must never block (its loop thread)."""
     global _loop_thread_ident
-    _loop_thread_ident = probe
+    _loop_thread_ident = ident
 
 
 def _nothing_to_do_before_blocking() -> Callable[[], None] | None:
@@ -55,19 +52,54 @@ def set_blocking_wait_hook(hook: Callable[[], Callable[[], None] | None]) -> Non
     _before_blocking_wait = hook
 
 
+class ThreadWait(Protocol):
+    """How a thread that reads its own replies waits (``runtime/thread_replies.py``)."""
+
+    #: Registered with the future waited for: its ``release()`` wakes the waiting thread.
+    waker: Any
+
+    def wait(self, future: Future[Any], timeout: float | None) -> bool | None:
+        """Until ``future`` is done (True) or ``timeout`` (False); None: wait otherwise."""
+
+
+def _no_thread_wait() -> ThreadWait | None:
+    return None
+
+
+_thread_wait: Callable[[], ThreadWait | None] = _no_thread_wait
+
+
+def set_thread_wait_hook(hook: Callable[[], ThreadWait | None]) -> None:
+    """Let the runtime say how the calling thread waits in ``get``: reading the replies to the
+    calls it made itself (``hook()`` returns how), or, where it returns None, on a lock."""
+    global _thread_wait
+    _thread_wait = hook
+
+
 _warned_in_loop = False
-_sync_actor_thread = threading.local()
+
+
+class _ThreadKind(threading.local):
+    #: Set on a sync actor's thread (a class default: a missing attribute would raise and
+    #: catch an AttributeError on every ``get``).
+    sync_actor = False
+
+
+_this_thread = _ThreadKind()
 
 
 def mark_sync_actor_thread() -> None:
     """Sync endpoints run on their own thread: blocking there is legal and silent."""
-    _sync_actor_thread.value = True
+    _this_thread.sync_actor = True
 
 
 #: Futures that must never be waited for where they are made (an actor's call to itself) ->
 #: (the sync actor's thread ident or the async actor's mailbox task, why). Weak: it costs
 #: nothing once the future is gone.
 _self_calls: weakref.WeakKeyDictionary[Future[Any], tuple[object, str]] = weakref.WeakKeyDictionary()
+#: Whether ``_self_calls`` was ever used: most processes never call their own actors, and the
+#: weak dictionary's length is a Python call on every wait.
+_any_self_calls = False
 
 
 #: Whether ``_self_calls`` ever had an entry: until then a wait looks nothing up (the mapping's
@@ -93,15 +125,27 @@ def _check_timeout(timeout: float | None) -> None:
 class Future(Generic[R]):
     """The result of a monarch operation. ``get()`` it from a thread, or ``await`` it."""
 
-    __slots__ = ("_state", "_value", "_exc", "_lock", "_waiters", "_callbacks", "__weakref__")
+    __slots__ = (
+        "_state",
+        "_value",
+        "_exc",
+        "_lock",
+        "_waiters",
+        "_callbacks",
+        "_replies_here",
+        "__weakref__",
+    )
 
     # Declared here because ``pending_future`` sets them, skipping ``__init__`` for speed.
     _state: int  # _PENDING or _DONE
     _value: R | None  # the result once done without an exception
     _exc: BaseException | None
     _lock: threading.Lock
-    _waiters: list[threading.Lock] | None  # one held lock per blocked get(); None until needed
+    _waiters: list[Any] | None  # what each blocked get() waits on to be released; None until needed
     _callbacks: list[Callable[[Future[R]], None]] | None
+    #: Its outcome comes in replies sent to the thread that made the call, which reads them
+    #: while it waits (``read_by_waiting_thread``); False: it is waited for on a lock.
+    _replies_here: bool
 
     def __init__(self) -> None:
         raise TypeError(
@@ -146,7 +190,7 @@ class Future(Generic[R]):
         if self._state == _DONE:
             return self._outcome()
         ident = threading.get_ident()
-        if ident == _loop_thread_ident():
+        if ident == _loop_thread_ident:
             raise RuntimeError(
                 "Future.get() was called on the monarch runtime's event loop thread, where "
                 "blocking would deadlock (e.g. inside an async endpoint).\n"
@@ -157,36 +201,51 @@ class Future(Generic[R]):
             if guard is not None and guard[0] == ident and self._state != _DONE:
                 raise RuntimeError(guard[1])
         self._warn_if_in_loop()
-        with self._lock:
-            if self._state != _DONE:
-                waiter = threading.Lock()
-                waiter.acquire()
-                if self._waiters is None:
-                    self._waiters = []
-                self._waiters.append(waiter)
-            else:
-                waiter = None
+        reader = _thread_wait() if self._replies_here else None
+        waiter = self._add_waiter(reader.waker if reader is not None else None)
         if waiter is not None:
             flush_corked()  # what this thread sent in a burst may be what it is waiting for
             # Replies to calls made on this thread's running loop are that loop's to read, and it
             # is blocked here: the runtime's loop reads them meanwhile.
             unblock = _before_blocking_wait()
             try:
-                ok = waiter.acquire(True, -1 if timeout is None else timeout)
+                ok = reader.wait(self, timeout) if reader is not None else None
+                if ok is None:  # on a lock, as any thread
+                    if reader is not None:  # no reading here after all
+                        self._remove_waiter(waiter)
+                        waiter = self._add_waiter(None)
+                    ok = waiter is None or waiter.acquire(True, -1 if timeout is None else timeout)
             finally:
                 if unblock is not None:
                     unblock()
             if not ok:
-                with self._lock:
-                    if self._waiters and waiter in self._waiters:
-                        self._waiters.remove(waiter)
+                self._remove_waiter(waiter)
                 if self._state != _DONE:
                     raise TimeoutError(f"monarch Future not ready after {timeout} s")
         return self._outcome()
 
+    def _add_waiter(self, waker: Any) -> Any:
+        """Register ``waker`` (None: a new held lock) to be released once this future is done;
+        returns it, or None if it is done already."""
+        with self._lock:
+            if self._state == _DONE:
+                return None
+            if waker is None:
+                waker = threading.Lock()
+                waker.acquire()
+            if self._waiters is None:
+                self._waiters = []
+            self._waiters.append(waker)
+            return waker
+
+    def _remove_waiter(self, waiter: Any) -> None:
+        with self._lock:
+            if self._waiters and waiter in self._waiters:
+                self._waiters.remove(waiter)
+
     def _warn_if_in_loop(self) -> None:
         global _warned_in_loop
-        if _warned_in_loop or getattr(_sync_actor_thread, "value", False):
+        if _warned_in_loop or _this_thread.sync_actor:
             return
         asyncio = sys.modules.get("asyncio")  # no asyncio imported: no loop can be running
         if asyncio is None or asyncio._get_running_loop() is None:
@@ -292,6 +351,7 @@ def pending_future() -> Future[Any]:
     f._lock = threading.Lock()
     f._waiters = None
     f._callbacks = None
+    f._replies_here = False
     return f
 
 
@@ -307,6 +367,12 @@ def failed_future(exc: BaseException) -> Future[Any]:
     f = pending_future()
     f._state, f._exc = _DONE, exc
     return f
+
+
+def read_by_waiting_thread(future: Future[Any]) -> None:
+    """``future`` is resolved by replies to the calling thread's own reply address: a ``get()``
+    on that thread waits by reading them (``set_thread_wait_hook``), not on a lock."""
+    future._replies_here = True
 
 
 def set_result(future: Future[R], value: R) -> bool:

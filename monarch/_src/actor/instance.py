@@ -136,6 +136,8 @@ class ActorInstance:
         #: ``when_message_done`` meanwhile waits here until the handler takes it.
         self._decoding = False
         self._message_done: list[Callable[[], None]] | None = None
+        #: ``(rank, labels, sizes, point)`` of the last message's sender (see ``_begin``).
+        self._last_point: tuple[Any, Any, Any, Point] = (None, None, None, SINGLETON_POINT)
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -382,7 +384,13 @@ class ActorInstance:
         """Decode a message; returns (function, args, kwargs, reply port, explicit_port)."""
         labels, sizes = header[EXTENT]
         r = header[RANK]
-        current_message_rank.set(point_of(r, labels, sizes) if labels else SINGLETON_POINT)
+        last = self._last_point  # most messages come from the rank and mesh the last one did
+        if last[0] == r and last[1] == labels and last[2] == sizes:
+            point = last[3]
+        else:
+            point = point_of(r, labels, sizes) if labels else SINGLETON_POINT
+            self._last_point = (r, labels, sizes, point)
+        current_message_rank.set(point)
         spec = header.get(REPLY_PORT)
         reply: Port[Any] | None = Port(spec[0], spec[1], r) if spec else None
         name = header[ENDPOINT]
@@ -430,7 +438,7 @@ class ActorInstance:
             # Arguments die before the reply leaves, so shared-memory buffers they mapped are
             # given back to their sender ahead of the reply (and it can reuse them at once).
             args = kwargs = None
-            if _is_awaitable(result):  # an async method reached through as_endpoint
+            if type(result) not in _PLAIN_RESULTS and _is_awaitable(result):  # an async method (as_endpoint)
                 result = _run_on_loop(result)
         except Exception as e:
             self._endpoint_raised(header[ENDPOINT], e, reply, explicit)

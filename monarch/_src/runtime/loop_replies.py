@@ -27,7 +27,7 @@ import socket
 import threading
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from monarch._src.transport import address as addresses
 from monarch._src.transport.connection import IncomingConnection
@@ -59,21 +59,77 @@ class RuntimeHooks:
     incoming_closed: Callable[[IncomingConnection, BaseException | None], None]
 
 
+A = TypeVar("A", bound="ReplyAddress")
+
+
+class AddressPool(Generic[A]):
+    """Reply addresses made when first needed and reused once given back."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        hooks: RuntimeHooks,
+        make: Callable[[Runtime, RuntimeHooks], A],
+        addresses: set[str],
+        limit: int | None = None,
+    ) -> None:
+        """``addresses``: the runtime's set of every reply address, which this adds to;
+        ``limit``: at most this many addresses."""
+        self._rt = rt
+        self._hooks = hooks
+        self._make = make
+        self._addresses = addresses
+        self._limit = limit
+        self._free: list[A] = []
+        self._all: list[A] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self, what: str) -> A | None:
+        """A free address, or a new one; None where there is none to have (out of descriptors,
+        or at the limit): replies then come to the runtime's own address. ``what``: whose."""
+        with self._lock:
+            lent = self._free.pop() if self._free else None
+            if lent is None and self._limit is not None and len(self._all) >= self._limit:
+                return None
+        if lent is None:
+            try:
+                lent = self._make(self._rt, self._hooks)
+            except OSError as e:  # out of descriptors, say: the runtime's own address still works
+                logger.warning("no reply address for %s (%s); replies go through the runtime", what, e)
+                return None
+            with self._lock:
+                self._all.append(lent)
+            self._addresses.add(lent.address)
+        return lent
+
+    def give_back(self, lent: A) -> None:
+        with self._lock:
+            if not self._closed:
+                self._free.append(lent)
+
+    def close(self) -> None:
+        """(runtime's loop) Stop accepting and close every connection."""
+        with self._lock:
+            self._closed = True
+            every, self._free = list(self._all), []
+        for lent in every:
+            lent.close()
+
+
 class LoopReplies:
     """The reply addresses of one runtime, lent to the loops calls are made on."""
 
     def __init__(self, rt: Runtime, hooks: RuntimeHooks, enabled: bool) -> None:
         self._rt = rt
-        self._hooks = hooks
         #: False under TLS: an encrypted connection cannot change hands after its handshake.
         self._enabled = enabled
         self._lent: dict[asyncio.AbstractEventLoop, _ReplyAddress] = {}
-        self._free: list[_ReplyAddress] = []
-        self._all: list[_ReplyAddress] = []
         self._lock = threading.Lock()
         self._watching = False
         #: Every reply address: frames sent to one of them from this process stay in it.
         self.addresses: set[str] = set()
+        self._pool = AddressPool(rt, hooks, _ReplyAddress, self.addresses)
 
     def address_for(self, loop: asyncio.AbstractEventLoop) -> str:
         """(``loop``'s thread, ``loop`` running) The address replies to a call made here come to."""
@@ -82,17 +138,9 @@ class LoopReplies:
             return lent.address
         if not self._enabled or self._rt.closed or getattr(loop, "_asyncgens_shutdown_called", False):
             return self._rt.address  # (a loop shutting down would not close the sentinel)
-        with self._lock:
-            lent = self._free.pop() if self._free else None
+        lent = self._pool.take("an event loop")
         if lent is None:
-            try:
-                lent = _ReplyAddress(self._rt, self._hooks)
-            except OSError as e:  # out of descriptors, say: the runtime's own address still works
-                logger.warning("no reply address for an event loop (%s); replies go through the runtime", e)
-                return self._rt.address
-            with self._lock:
-                self._all.append(lent)
-            self.addresses.add(lent.address)
+            return self._rt.address
         with self._lock:
             self._lent[loop] = lent
             watch = not self._watching
@@ -109,8 +157,7 @@ class LoopReplies:
         if lent is None:
             return
         lent.release(loop)
-        with self._lock:
-            self._free.append(lent)
+        self._pool.give_back(lent)
 
     def before_blocking_wait(self) -> Callable[[], None] | None:
         """Called by a thread about to block until a result comes (``Future.get``): if the loop
@@ -141,9 +188,8 @@ class LoopReplies:
     def close(self) -> None:
         """(runtime's loop) Stop accepting and close every connection."""
         with self._lock:
-            every, self._lent, self._free = list(self._all), {}, []
-        for lent in every:
-            lent.close()
+            self._lent = {}
+        self._pool.close()
 
 
 async def _until_shutdown(
@@ -156,15 +202,95 @@ async def _until_shutdown(
         replies.give_back(loop)
 
 
-class _ReplyAddress:
-    """One listening socket whose connections are read by the loop it is lent to."""
+class ReplyAddress:
+    """A listening socket of this process for replies: its connections are accepted and
+    authenticated on the runtime's loop, as every connection is, and after the peer's hello
+    read by whoever the subclass lends them to (``_reader_ready``)."""
 
     def __init__(self, rt: Runtime, hooks: RuntimeHooks) -> None:
         self._rt = rt
         self._hooks = hooks
-        sock = rt.new_listen_socket()
+        sock = rt.new_reply_socket()
         self.address = addresses.of_listening_socket(sock)
-        self._lock = threading.Lock()
+        #: Guards the connections (and what subclasses keep of them).
+        self.lock = threading.Lock()
+        #: Authenticated connections, and the ones still in their handshake.
+        self._readers: dict[IncomingConnection, SocketReader] = {}
+        self._ready: set[SocketReader] = set()
+        self._listener = Listener(rt.loop, sock, self._new_incoming, attach=self._attach)
+        rt.loop_thread.call_soon(self._listener.start)
+
+    def _new_incoming(self) -> IncomingConnection:
+        rt = self._rt
+        conn = IncomingConnection(
+            secret=rt.secret,
+            max_frame_bytes=rt.max_frame_bytes,
+            on_frame=lambda header, bodies: self._first_frame(conn, header, bodies),
+            on_reject=self._hooks.reject,
+            on_close=self._closed,
+            name=f"<-{self.address}",
+            local_address=self.address,
+            defer_cut_off=True,  # settled with the peer's next hello (``incoming_closed``)
+        )
+        return conn
+
+    def _attach(self, conn: IncomingConnection, sock: socket.socket) -> None:
+        reader = SocketReader(sock, conn)
+        with self.lock:
+            self._readers[conn] = reader
+        conn.connection_made(reader)
+        reader.watch(self._rt.loop)
+
+    def _first_frame(self, conn: IncomingConnection, header: dict, bodies: list) -> None:
+        """(runtime's loop) The peer's hello, after the handshake: from now on its holder reads."""
+        self._hooks.first_frame(conn, header, bodies, self._route)
+        with self.lock:
+            reader = self._readers.get(conn)
+            if reader is None:
+                return
+            self._ready.add(reader)
+        self._reader_ready(reader)
+
+    def _reader_ready(self, reader: SocketReader) -> None:
+        """(runtime's loop, inside a read of ``reader``) Hand a connection that said hello to
+        whoever reads this address."""
+        raise NotImplementedError
+
+    def _route(self, header: dict, bodies: list) -> None:
+        """Replies go to their ports from whichever thread read them; anything else a peer may
+        send here is the runtime loop's to handle, as on the runtime's own address."""
+        route = self._hooks.route
+        if header.get(KIND) in _REPLY_KINDS or self._rt.on_loop_thread():
+            route(header, bodies)
+        else:
+            self._rt.loop_thread.call_soon(route, header, bodies)
+
+    def _closed(self, conn: IncomingConnection, reason: BaseException | None) -> None:
+        with self.lock:
+            reader = self._readers.pop(conn, None)
+            if reader is not None:
+                self._ready.discard(reader)
+                self._reader_gone(reader)
+        self._rt.loop_thread.call_soon(self._hooks.incoming_closed, conn, reason)
+
+    def _reader_gone(self, reader: SocketReader) -> None:
+        """(lock held, before its socket closes) A connection that ended."""
+
+    def close(self) -> None:
+        """(runtime's loop)"""
+        self._listener.close()
+        addresses.remove_socket_file(self.address)
+        with self.lock:
+            readers = list(self._readers.values())
+        for reader in readers:
+            reader.close()
+
+
+class _ReplyAddress(ReplyAddress):
+    """One reply address whose connections are read by the loop it is lent to."""
+
+    def __init__(self, rt: Runtime, hooks: RuntimeHooks) -> None:
+        super().__init__(rt, hooks)
         #: The loop reading replies now (None: only the runtime's).
         self._holder: asyncio.AbstractEventLoop | None = None
         #: Threads of the holder blocked in ``Future.get()`` right now.
@@ -172,17 +298,12 @@ class _ReplyAddress:
         #: A pulse sent to the holder has not run yet; it had not at the last check either.
         self._pulse_pending = False
         self._stuck = False
-        #: Authenticated connections, and the ones still in their handshake.
-        self._readers: dict[IncomingConnection, SocketReader] = {}
-        self._ready: set[SocketReader] = set()
         self._sentinel: AsyncGenerator[None, None] | None = None
-        self._listener = Listener(rt.loop, sock, self._new_incoming, attach=self._attach)
-        rt.loop_thread.call_soon(self._listener.start)
 
     # -- lending (the holder's thread) ------------------------------------------------------------
 
     def lend_to(self, loop: asyncio.AbstractEventLoop, sentinel: AsyncGenerator[None, None]) -> None:
-        with self._lock:
+        with self.lock:
             self._holder = loop
             self._pulse_pending = self._stuck = False
             ready = list(self._ready)
@@ -196,7 +317,7 @@ class _ReplyAddress:
         self._rt.loop_thread.call_soon(self.settle)
 
     def release(self, loop: asyncio.AbstractEventLoop) -> None:
-        with self._lock:
+        with self.lock:
             if self._holder is loop:
                 self._holder = None
             self._blocked = 0
@@ -217,12 +338,12 @@ class _ReplyAddress:
                 pass
 
     def block(self) -> Callable[[], None]:
-        with self._lock:
+        with self.lock:
             self._blocked += 1
         self._rt.loop_thread.call_soon(self.settle)
 
         def unblock() -> None:
-            with self._lock:
+            with self.lock:
                 self._blocked = max(0, self._blocked - 1)
             self._rt.loop_thread.call_soon(self.settle)
 
@@ -271,62 +392,10 @@ class _ReplyAddress:
             else:
                 reader.unwatch(rt_loop)
 
-    def _new_incoming(self) -> IncomingConnection:
-        rt = self._rt
-        conn = IncomingConnection(
-            secret=rt.secret,
-            max_frame_bytes=rt.max_frame_bytes,
-            on_frame=lambda header, bodies: self._first_frame(conn, header, bodies),
-            on_reject=self._hooks.reject,
-            on_close=self._closed,
-            name=f"<-{self.address}",
-            local_address=self.address,
-            defer_cut_off=True,  # settled with the peer's next hello (``incoming_closed``)
-        )
-        return conn
-
-    def _attach(self, conn: IncomingConnection, sock: socket.socket) -> None:
-        reader = SocketReader(sock, conn)
-        with self._lock:
-            self._readers[conn] = reader
-        conn.connection_made(reader)
-        reader.watch(self._rt.loop)
-
-    def _first_frame(self, conn: IncomingConnection, header: dict, bodies: list) -> None:
-        """(runtime's loop) The peer's hello, after the handshake: from now on its holder reads."""
-        self._hooks.first_frame(conn, header, bodies, self._route)
-        with self._lock:
-            reader = self._readers.get(conn)
-            if reader is None:
-                return
-            self._ready.add(reader)
-            holder = self._holder
+    def _reader_ready(self, reader: SocketReader) -> None:
+        holder = self._holder
         if holder is not None:
             try:
                 holder.call_soon_threadsafe(self._watch_on_holder, holder, reader)
             except RuntimeError:  # the holder closed: the runtime's loop reads on
                 pass
-
-    def _route(self, header: dict, bodies: list) -> None:
-        """Replies go to their ports from whichever thread read them; anything else a peer may
-        send here is the runtime loop's to handle, as on the runtime's own address."""
-        route = self._hooks.route
-        if header.get(KIND) in _REPLY_KINDS or self._rt.on_loop_thread():
-            route(header, bodies)
-        else:
-            self._rt.loop_thread.call_soon(route, header, bodies)
-
-    def _closed(self, conn: IncomingConnection, reason: BaseException | None) -> None:
-        with self._lock:
-            reader = self._readers.pop(conn, None)
-            self._ready.discard(reader)  # type: ignore[arg-type]
-        self._rt.loop_thread.call_soon(self._hooks.incoming_closed, conn, reason)
-
-    def close(self) -> None:
-        """(runtime's loop)"""
-        self._listener.close()
-        addresses.remove_socket_file(self.address)
-        with self._lock:
-            readers = list(self._readers.values())
-        for reader in readers:
-            reader.close()

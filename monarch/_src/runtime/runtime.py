@@ -30,6 +30,7 @@ from monarch._src.runtime.behind import Behind
 from monarch._src.runtime.config import CONFIG, transport_of_config
 from monarch._src.runtime.loop_replies import LoopReplies, RuntimeHooks
 from monarch._src.runtime.loop_thread import LoopThread
+from monarch._src.runtime.thread_replies import ThreadReplies
 from monarch._src.transport import address as addresses
 from monarch._src.transport import auth, tls
 from monarch._src.transport.connection import IncomingConnection
@@ -158,6 +159,13 @@ class Runtime:
             enabled=self._tls is None,
         )
         self._reply_addresses = self.loop_replies.addresses
+        #: Reply addresses read by the threads that wait in ``Future.get()`` (not under TLS).
+        self.thread_replies = ThreadReplies(
+            self,
+            RuntimeHooks(self._on_reply_frame, self._reject, self._first_frame, self._incoming_closed),
+            enabled=self._tls is None,
+            addresses=self._reply_addresses,
+        )
         self._handlers[SHM_GIVE_BACK_KIND] = self._shm.given_back_to_us
         self._peer_lost.append(lambda address, reason: self._shm.reclaim(address))
         with Runtime._instance_lock:
@@ -202,6 +210,15 @@ class Runtime:
             return addresses.listen_tcp(CONFIG.tcp_bind_host)
         return addresses.listen_unix(self.new_socket_path())
 
+    def new_reply_socket(self) -> socket.socket:
+        """A listening socket for replies to this process (``loop_replies``, ``thread_replies``),
+        reached as its own address is: a Unix socket in the job's directory, or TCP on the host
+        of its TCP address (a peer must not take it for a process of its own host)."""
+        own = addresses.parse(self.address)
+        if isinstance(own, addresses.TcpAddress):
+            return addresses.listen_tcp(own.host)
+        return addresses.listen_unix(self.new_socket_path())
+
     def is_local(self, address: str) -> bool:
         return address == self.address
 
@@ -214,12 +231,20 @@ class Runtime:
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self.loop_thread.ident
 
-    def reply_address(self) -> str:
+    def reply_address(self, thread_reads: bool = True) -> str:
         """Where replies to a call made on this thread are to be sent: on an event loop other
         than the runtime's, an address that loop reads itself (``loop_replies``), so that a
-        reply wakes the awaiting coroutine's loop directly; elsewhere, this process's address."""
+        reply wakes the awaiting coroutine's loop directly; on a thread with no loop, if
+        ``thread_reads``, one that thread reads while it waits in ``Future.get()``
+        (``thread_replies``); else this process's address. Not for a call with several
+        destinations (the runtime's loop wakes the thread once for all their replies), nor one
+        whose arguments may lend shared memory: its receiver gives the files back on its
+        connection to this process's address, ahead of the reply, so that the next call finds
+        them free; a reply read first by the thread would leave them lent."""
         loop = asyncio._get_running_loop()
-        if loop is None or loop is self.loop:
+        if loop is None:
+            return self.thread_replies.address_for_thread() if thread_reads else self.address
+        if loop is self.loop:
             return self.address
         return self.loop_replies.address_for(loop)
 
@@ -700,6 +725,7 @@ class Runtime:
         async def close_all() -> None:
             self._listener.close()
             self.loop_replies.close()
+            self.thread_replies.close()
             outgoing = list(self._conns.values())
             # Deliver what was sent before shutdown (e.g. "actor stopped" notices), bounded.
             if outgoing:

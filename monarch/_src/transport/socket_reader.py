@@ -46,7 +46,7 @@ class SocketReader(asyncio.Transport):
             if self._ended or loop in self._watchers:
                 return
             self._watchers.add(loop)
-        loop.add_reader(self._fd, self._readable)
+        loop.add_reader(self._fd, self.read, False)
 
     def unwatch(self, loop: asyncio.AbstractEventLoop) -> None:
         """(``loop``'s thread, or any thread once ``loop`` is closed) Stop watching from ``loop``."""
@@ -60,17 +60,23 @@ class SocketReader(asyncio.Transport):
         if last:
             self._sock.close()
 
+    def fileno(self) -> int:
+        return self._fd
+
     def watched_by(self, loop: asyncio.AbstractEventLoop) -> bool:
         return loop in self._watchers
 
     def _open_watchers(self) -> list[asyncio.AbstractEventLoop]:
         return [w for w in self._watchers if not w.is_closed()]
 
-    # -- reading (any watching loop's thread) ------------------------------------------------------
+    # -- reading (any watching loop's thread, or a thread waiting for replies) -----------------------
 
-    def _readable(self) -> None:
-        if not self._lock.acquire(False):
-            return  # another loop is reading it; it reads on while anything is left
+    def read(self, wait: bool) -> None:
+        """Read what the socket has and deliver its frames; ``wait``: if another thread is
+        reading it now, wait for it and read after it (else leave the reading to it: it reads
+        on while anything is left)."""
+        if not self._lock.acquire(wait):
+            return
         try:
             if self._ended:
                 return
