@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -128,3 +130,41 @@ def test_dead_process_fails_the_waiting_get(gates2):
     with contextlib.suppress(Exception):
         mesh.stop().get(timeout=10)
     assert faults  # the owner heard of it too
+
+
+CLOSED_MID_WAIT = """
+import threading, time
+from monarch._src.actor.process_state import runtime
+from monarch.actor import Actor, endpoint, this_host
+
+class Slow(Actor):
+    @endpoint
+    def slow(self, s: float) -> int:
+        time.sleep(s)  # the workload the caller times out on
+        return 1
+
+procs = this_host().spawn_procs(per_host={"gpus": 1})
+slow = procs.spawn("slow", Slow)
+assert slow.slow.call_one(0).get(timeout=30) == 1  # the worker reached this thread's address
+address = runtime().thread_replies.of_this_thread()
+assert address is not None
+threading.Timer(1.0, lambda: runtime().loop_thread.call_soon(address.close)).start()
+start = time.monotonic()
+try:
+    slow.slow.call_one(4).get(timeout=2.0)
+except TimeoutError:
+    print(f"timed out after {time.monotonic() - start:.2f} s", flush=True)
+procs.stop().get(timeout=30)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_timeout_holds_when_the_threads_address_closes_mid_wait() -> None:
+    """The address closes 1 s into a 2 s ``get(timeout)``: the wait goes on on a lock for what is
+    left of the 2 s, not for 2 s more. A client of its own (the closed address is this
+    process's for good)."""
+    run = subprocess.run([sys.executable, "-c", CLOSED_MID_WAIT], capture_output=True, text=True, timeout=50)
+    assert run.returncode == 0, run.stderr
+    seconds = float(run.stdout.split("timed out after ")[1].split()[0])
+    assert 1.9 <= seconds < 2.7, run.stdout

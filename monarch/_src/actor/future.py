@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Generator
@@ -202,6 +203,7 @@ class Future(Generic[R]):
                 raise RuntimeError(guard[1])
         self._warn_if_in_loop()
         reader = _thread_wait() if self._replies_here else None
+        started = time.monotonic() if reader is not None and timeout is not None else 0.0
         waiter = self._add_waiter(reader.waker if reader is not None else None)
         if waiter is not None:
             flush_corked()  # what this thread sent in a burst may be what it is waiting for
@@ -211,10 +213,13 @@ class Future(Generic[R]):
             try:
                 ok = reader.wait(self, timeout) if reader is not None else None
                 if ok is None:  # on a lock, as any thread
-                    if reader is not None:  # no reading here after all
+                    left = timeout
+                    if reader is not None:  # no reading here after all (its address closed)
+                        if timeout is not None:
+                            left = max(0.0, timeout - (time.monotonic() - started))
                         self._remove_waiter(waiter)
                         waiter = self._add_waiter(None)
-                    ok = waiter is None or waiter.acquire(True, -1 if timeout is None else timeout)
+                    ok = waiter is None or waiter.acquire(True, -1 if left is None else left)
             finally:
                 if unblock is not None:
                     unblock()
