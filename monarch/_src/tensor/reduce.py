@@ -201,13 +201,9 @@ def collective(
     members = next(g for g in groups if me in g)
     group = _subgroup(members) if len(members) > 1 else None
     n = len(members)
-    if group is not None and t.device.type != "cpu" and not (_nccl and t.device.type == "cuda"):
-        staged = collective(t.cpu(), groups, reduction, scatter, None)
-        result = staged.to(t.device)
-        if out is not None:
-            out.copy_(result)
-            return out
-        return result
+    device = t.device
+    if group is not None and device.type != "cpu" and not (_nccl and device.type == "cuda"):
+        t = t.cpu()  # reduced over gloo in host memory, the result moved back below
     if reduction == "stack":
         parts = [torch.empty_like(t) for _ in range(n)]
         if group is None:
@@ -233,6 +229,7 @@ def collective(
             result = result / n if result.is_floating_point() else result // n
         if scatter:
             result = result.chunk(n)[members.index(me)].clone()
+    result = result.to(device)  # no copy unless staged
     if out is not None:
         out.copy_(result)
         return out
