@@ -29,8 +29,9 @@ from monarch._src.mesh.value_mesh import ValueMesh
 class OnceCollector(PortHandler):
     """First reply wins (``call_one``, ``choose``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str = "port") -> None:
         self.future: Future[Any] = pending_future()
+        self.label = label
         self.open()
 
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:

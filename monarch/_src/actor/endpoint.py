@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
-from monarch._src.actor import multicast
+from monarch._src.actor import multicast, supervision
 from monarch._src.actor.collectors import GatherCollector, OnceCollector, StreamCollector
 from monarch._src.actor.context import current_instance
 from monarch._src.actor.coroutines import is_coroutine_function
@@ -208,7 +208,7 @@ def _decorate(
 class ActorEndpoint(Generic[R]):
     """``mesh.method`` on a spawned mesh: the adverbs that send it."""
 
-    __slots__ = ("_mesh", "_ref", "_name", "_prop", "_size", "_label_text", "_templates")
+    __slots__ = ("_mesh", "_ref", "_name", "_prop", "_size", "_label_text", "_templates", "_plan")
 
     def __init__(self, mesh: ActorMesh[Any], ref: MeshRef, name: str, prop: EndpointProperty[R]) -> None:
         self._mesh = mesh
@@ -221,6 +221,9 @@ class ActorEndpoint(Generic[R]):
         #: The header of a message to each of ``ref.destinations()``, all but its reply port
         #: packed once (made on the first send: most endpoints of a mesh are never called).
         self._templates: list[HeaderTemplate] | None = None
+        #: What ``call_one`` to an actor of another process reuses from call to call (made
+        #: on its first call); False where the actor is in this process.
+        self._plan: _RemoteOne | Literal[False] | None = None
 
     def send_to_port(self, args: tuple, kwargs: dict, port: Port[Any] | None, selection: Selection) -> None:
         """Internal, for ``monarch.actor.send``: send with every reply going to ``port`` (if any),
@@ -381,9 +384,47 @@ class ActorEndpoint(Generic[R]):
         n = self._size
         if n != 1:
             raise ValueError(f"call_one requires exactly 1 actor, but mesh has {n}")
+        future = self._call_remote_one(args, kwargs)
+        if future is not None:
+            return future
         collector = OnceCollector()
         self._collect(collector, args, kwargs)
         return collector.future
+
+    def _call_remote_one(self, args: tuple, kwargs: dict) -> Future[R] | None:
+        """``call_one`` in its common case, which ``_collect`` and ``_send`` serve in more steps:
+        to an actor of another process (no forwarder between), a few scalar arguments that fit
+        the method, and no mesh or process known failed or stopped. None, having done nothing,
+        in any other case."""
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = _RemoteOne.of(self)
+        if plan is False or plan.rt.closed or multicast.forwarders or supervision.any_trouble():
+            return None
+        arity = self._prop._arity
+        if kwargs or arity is None or not arity[0] <= len(args) <= arity[1]:
+            return None  # (``check_args`` makes ``_arity`` on the first call)
+        bodies = payload.dumps_plain_call(args, kwargs) if args else _NO_ARGS
+        if bodies is None:
+            return None
+        rt = plan.rt
+        reply_to = rt.reply_address(True)
+        collector = OnceCollector(self._label_text)
+        future = collector.future
+        # As ``expect_from`` does: listed before the look for dead processes, so that a death
+        # recorded at any point is seen by one or the other (``port.fail_waiting_on``).
+        collector._addresses = plan.remote
+        if supervision.dead_processes:
+            collector.expect_from(plan.remote)
+        if reply_to != rt.address:  # to this thread's or this loop's own reply address
+            read_by_waiting_thread(future)
+        try:
+            rt.send_call(plan.address, plan.template, [reply_to, collector.port_id], bodies)
+        except BaseException:
+            collector.stop_expecting()
+            collector.close()
+            raise
+        return future
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the endpoint on one actor of the mesh, picked at random to spread load, and get its reply."""
@@ -428,6 +469,30 @@ class ActorEndpoint(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<endpoint {self._ref.class_name}.{self._name} of {self._mesh!r}>"
+
+
+class _RemoteOne:
+    """``call_one``'s destination on another process, and how its messages are sent there."""
+
+    __slots__ = ("rt", "address", "remote", "template")
+
+    def __init__(self, rt: Runtime, address: str, template: HeaderTemplate) -> None:
+        self.rt = rt
+        self.address = address
+        #: The processes a reply is expected from (``PortHandler.expect_from``), never changed.
+        self.remote = [address]
+        self.template = template
+
+    @staticmethod
+    def of(endpoint: ActorEndpoint[Any]) -> _RemoteOne | Literal[False]:
+        """The plan of ``endpoint`` (of a mesh of one actor); False if the actor is in this process."""
+        ref = endpoint._ref
+        rt = runtime()
+        ((rank, address),) = ref.destinations()
+        if address == rt.address:
+            return False
+        message_header = message(ref.key, endpoint._name, None, rank, ref.wire_extent)
+        return _RemoteOne(rt, address, HeaderTemplate(message_header, REPLY_PORT))
 
 
 class NotAnEndpoint:
