@@ -218,12 +218,11 @@ class ActorEndpoint(Generic[R]):
         #: The number of actors called; a mesh reference's shape never changes.
         self._size = len(ref.shape)
         self._label_text = f"{ref.name}.{name}"
-        #: The header of a message to each of ``ref.destinations()``, all but its reply port
-        #: packed once (made on the first send: most endpoints of a mesh are never called).
+        #: See ``_header_templates``.
         self._templates: list[HeaderTemplate] | None = None
-        #: What ``call_one`` to an actor of another process reuses from call to call (made
-        #: on its first call); False where the actor is in this process.
-        self._plan: _RemoteOne | Literal[False] | None = None
+        #: What ``call_one`` and ``call`` to actors of other processes reuse from call to call
+        #: (made on the first one); False where an actor of the mesh is in this process.
+        self._plan: _Remote | Literal[False] | None = None
 
     def send_to_port(self, args: tuple, kwargs: dict, port: Port[Any] | None, selection: Selection) -> None:
         """Internal, for ``monarch.actor.send``: send with every reply going to ``port`` (if any),
@@ -318,16 +317,24 @@ class ActorEndpoint(Generic[R]):
             for rank, address in dests:
                 rt.send(address, message(key, name, port_spec, rank, extent), bodies)
         else:
-            templates = self._templates
-            if templates is None:
-                templates = self._templates = [
-                    HeaderTemplate(message(key, name, None, rank, extent), REPLY_PORT) for rank, _ in dests
-                ]
+            templates = self._header_templates()
             if len(dests) == 1:
                 rt.send_templated(dests[0][1], templates[0], port_spec, bodies)
             else:
                 rt.send_templated_each(ref.dest_addresses(), templates, port_spec, bodies)
         return dests
+
+    def _header_templates(self) -> list[HeaderTemplate]:
+        """The header of a call to each rank of the mesh (all of it: not ``choose``), with all
+        but its reply port packed once (made on the first call: most endpoints are never called)."""
+        templates = self._templates
+        if templates is None:
+            ref = self._ref
+            templates = self._templates = [
+                HeaderTemplate(message(ref.key, self._name, None, rank, ref.wire_extent), REPLY_PORT)
+                for rank, _ in ref.destinations()
+            ]
+        return templates
 
     def _collect(
         self,
@@ -384,21 +391,21 @@ class ActorEndpoint(Generic[R]):
         n = self._size
         if n != 1:
             raise ValueError(f"call_one requires exactly 1 actor, but mesh has {n}")
-        future = self._call_remote_one(args, kwargs)
+        future = self._call_remote(args, kwargs, False)
         if future is not None:
             return future
         collector = OnceCollector()
         self._collect(collector, args, kwargs)
         return collector.future
 
-    def _call_remote_one(self, args: tuple, kwargs: dict) -> Future[R] | None:
-        """``call_one`` in its common case, which ``_collect`` and ``_send`` serve in more steps:
-        to an actor of another process (no forwarder between), a few scalar arguments that fit
-        the method, and no mesh or process known failed or stopped. None, having done nothing,
-        in any other case."""
+    def _call_remote(self, args: tuple, kwargs: dict, gather: bool) -> Future[Any] | None:
+        """``call_one`` (``gather`` False) or ``call`` in their common case, which ``_collect``
+        and ``_send`` serve in more steps: to actors of other processes (no forwarder between),
+        a few scalar arguments that fit the method, and no mesh or process known failed or
+        stopped. None, having done nothing, in any other case."""
         plan = self._plan
         if plan is None:
-            plan = self._plan = _RemoteOne.of(self)
+            plan = self._plan = _Remote.of(self)
         if plan is False or plan.rt.closed or multicast.forwarders or supervision.any_trouble():
             return None
         arity = self._prop._arity
@@ -408,18 +415,26 @@ class ActorEndpoint(Generic[R]):
         if bodies is None:
             return None
         rt = plan.rt
-        reply_to = rt.reply_address(True)
-        collector = OnceCollector(self._label_text)
+        collector: OnceCollector | GatherCollector
+        if gather:  # the runtime's loop wakes a waiting thread once for all the replies
+            reply_to = rt.reply_address(False)
+            collector = GatherCollector(self._ref.shape_renumbered(), self._size, self._label_text)
+        else:
+            reply_to = rt.reply_address(True)
+            collector = OnceCollector(self._label_text)
         future = collector.future
         # As ``expect_from`` does: listed before the look for dead processes, so that a death
         # recorded at any point is seen by one or the other (``port.fail_waiting_on``).
-        collector._addresses = plan.remote
+        collector._addresses = plan.addresses
         if supervision.dead_processes:
-            collector.expect_from(plan.remote)
+            collector.expect_from(plan.addresses)
         if reply_to != rt.address:  # to this thread's or this loop's own reply address
             read_by_waiting_thread(future)
         try:
-            rt.send_call(plan.address, plan.template, [reply_to, collector.port_id], bodies)
+            if gather:
+                rt.send_templated_each(plan.addresses, plan.templates, [reply_to, collector.port_id], bodies)
+            else:
+                rt.send_call(plan.addresses[0], plan.templates[0], [reply_to, collector.port_id], bodies)
         except BaseException:
             collector.stop_expecting()
             collector.close()
@@ -435,6 +450,9 @@ class ActorEndpoint(Generic[R]):
     def call(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the endpoint on every actor of the mesh; the Future gives a ``ValueMesh`` of the replies,
         or raises the first ``ActorError``/``SupervisionError`` if any call fails."""
+        future = self._call_remote(args, kwargs, True)
+        if future is not None:
+            return future
         collector = GatherCollector(self._ref.shape_renumbered(), self._size)
         self._collect(collector, args, kwargs, gather=True)
         return collector.future
@@ -471,28 +489,27 @@ class ActorEndpoint(Generic[R]):
         return f"<endpoint {self._ref.class_name}.{self._name} of {self._mesh!r}>"
 
 
-class _RemoteOne:
-    """``call_one``'s destination on another process, and how its messages are sent there."""
+class _Remote:
+    """The processes of a mesh none of whose actors is in this process, and how calls are sent
+    to them (``ActorEndpoint._call_remote``)."""
 
-    __slots__ = ("rt", "address", "remote", "template")
+    __slots__ = ("rt", "addresses", "templates")
 
-    def __init__(self, rt: Runtime, address: str, template: HeaderTemplate) -> None:
+    def __init__(self, rt: Runtime, addresses: list[str], templates: list[HeaderTemplate]) -> None:
         self.rt = rt
-        self.address = address
-        #: The processes a reply is expected from (``PortHandler.expect_from``), never changed.
-        self.remote = [address]
-        self.template = template
+        #: The process of each rank (``MeshRef.dest_addresses``): the destinations, and those a
+        #: reply is expected from (``PortHandler.expect_from``); never changed.
+        self.addresses = addresses
+        self.templates = templates
 
     @staticmethod
-    def of(endpoint: ActorEndpoint[Any]) -> _RemoteOne | Literal[False]:
-        """The plan of ``endpoint`` (of a mesh of one actor); False if the actor is in this process."""
-        ref = endpoint._ref
+    def of(endpoint: ActorEndpoint[Any]) -> _Remote | Literal[False]:
+        """The plan of ``endpoint``; False if an actor of its mesh is in this process."""
         rt = runtime()
-        ((rank, address),) = ref.destinations()
-        if address == rt.address:
+        addresses = endpoint._ref.dest_addresses()
+        if rt.address in addresses:
             return False
-        message_header = message(ref.key, endpoint._name, None, rank, ref.wire_extent)
-        return _RemoteOne(rt, address, HeaderTemplate(message_header, REPLY_PORT))
+        return _Remote(rt, addresses, endpoint._header_templates())
 
 
 class NotAnEndpoint:

@@ -354,15 +354,7 @@ class Runtime:
         if self._shm.given_back or self.closed:
             self.send_templated(address, template, reply_port, body)
             return
-        frame = template.encode(reply_port, body, self.max_frame_bytes)
-        conn = self._conns.get(address)
-        if conn is None or conn.closed:
-            self._write(address, frame, None)
-            return
-        try:
-            conn.send(frame)
-        except ConnectionError:  # it closed meanwhile: ``_write`` sends on its replacement
-            self._write(address, frame, None)
+        self._write(address, template.encode(reply_port, body, self.max_frame_bytes), None)
 
     def send_templated_each(
         self, addresses: list[str], templates: list[HeaderTemplate], value: Any, bodies: list
