@@ -70,7 +70,7 @@ class GatherCollector(PortHandler):
             complete = self._missing == 0
         if complete:
             self._finish()
-            set_result(self.future, ValueMesh(self._shape, self._values))
+            resolve(self.future, ValueMesh(self._shape, self._values), None)
 
     def fail(self, exc: BaseException) -> None:
         self.close()

@@ -391,9 +391,10 @@ class ActorEndpoint(Generic[R]):
         n = self._size
         if n != 1:
             raise ValueError(f"call_one requires exactly 1 actor, but mesh has {n}")
-        future = self._call_remote(args, kwargs, False)
-        if future is not None:
-            return future
+        if self._plan is not False:  # (False: the actor is in this process)
+            future = self._call_remote(args, kwargs, False)
+            if future is not None:
+                return future
         collector = OnceCollector()
         self._collect(collector, args, kwargs)
         return collector.future
@@ -434,7 +435,7 @@ class ActorEndpoint(Generic[R]):
             if gather:
                 rt.send_templated_each(plan.addresses, plan.templates, [reply_to, collector.port_id], bodies)
             else:
-                rt.send_call(plan.addresses[0], plan.templates[0], [reply_to, collector.port_id], bodies)
+                rt.send_templated(plan.addresses[0], plan.templates[0], [reply_to, collector.port_id], bodies)
         except BaseException:
             collector.stop_expecting()
             collector.close()
@@ -450,9 +451,10 @@ class ActorEndpoint(Generic[R]):
     def call(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the endpoint on every actor of the mesh; the Future gives a ``ValueMesh`` of the replies,
         or raises the first ``ActorError``/``SupervisionError`` if any call fails."""
-        future = self._call_remote(args, kwargs, True)
-        if future is not None:
-            return future
+        if self._plan is not False:  # (False: an actor of the mesh is in this process)
+            future = self._call_remote(args, kwargs, True)
+            if future is not None:
+                return future
         collector = GatherCollector(self._ref.shape_renumbered(), self._size)
         self._collect(collector, args, kwargs, gather=True)
         return collector.future

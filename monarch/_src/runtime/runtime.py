@@ -348,14 +348,6 @@ class Runtime:
         tag = value if value.__class__ is int and template.varying == PORT_ID else None
         self._write(address, template.encode(value, bodies, self.max_frame_bytes), tag)
 
-    def send_call(self, address: str, template: HeaderTemplate, reply_port: list, body: list) -> None:
-        """``send_templated(address, template, reply_port, body)`` of a call to one actor of
-        another process (``body``: one pickle stream), in fewer steps: most calls are these."""
-        if self._shm.given_back or self.closed:
-            self.send_templated(address, template, reply_port, body)
-            return
-        self._write(address, template.encode(reply_port, body, self.max_frame_bytes), None)
-
     def send_templated_each(
         self, addresses: list[str], templates: list[HeaderTemplate], value: Any, bodies: list
     ) -> None:
