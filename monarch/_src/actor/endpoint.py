@@ -416,12 +416,13 @@ class ActorEndpoint(Generic[R]):
         if bodies is None:
             return None
         rt = plan.rt
+        # The replies to several processes come to the runtime's loop, which wakes a waiting
+        # thread once for all of them (see ``_send``).
+        reply_to = rt.reply_address(len(plan.addresses) == 1)
         collector: OnceCollector | GatherCollector
-        if gather:  # the runtime's loop wakes a waiting thread once for all the replies
-            reply_to = rt.reply_address(False)
+        if gather:
             collector = GatherCollector(self._ref.shape_renumbered(), self._size, self._label_text)
         else:
-            reply_to = rt.reply_address(True)
             collector = OnceCollector(self._label_text)
         future = collector.future
         # As ``expect_from`` does: listed before the look for dead processes, so that a death
