@@ -18,6 +18,7 @@ from monarch._src.actor.future import (
     add_done_callback,
     outcome,
     pending_future,
+    resolve,
     set_exception,
     set_result,
 )
@@ -29,16 +30,17 @@ from monarch._src.mesh.value_mesh import ValueMesh
 class OnceCollector(PortHandler):
     """First reply wins (``call_one``, ``choose``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str = "port") -> None:
         self.future: Future[Any] = pending_future()
+        self.label = label
         self.open()
 
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
         self.close()  # closed, it expects nothing (see PortHandler.expect_from)
         if is_exception:
-            set_exception(self.future, value)
+            resolve(self.future, None, value)
         else:
-            set_result(self.future, value)
+            resolve(self.future, value, None)
 
     def fail(self, exc: BaseException) -> None:
         self.close()
@@ -48,8 +50,9 @@ class OnceCollector(PortHandler):
 class GatherCollector(PortHandler):
     """One reply per rank of ``shape``, assembled into a ValueMesh (``call``)."""
 
-    def __init__(self, shape: Shape, count: int) -> None:
+    def __init__(self, shape: Shape, count: int, label: str = "port") -> None:
         self.future: Future[Any] = pending_future()
+        self.label = label
         self._shape = shape
         self._values: list[Any] = [None] * count
         self._missing = count
@@ -67,7 +70,7 @@ class GatherCollector(PortHandler):
             complete = self._missing == 0
         if complete:
             self._finish()
-            set_result(self.future, ValueMesh(self._shape, self._values))
+            resolve(self.future, ValueMesh(self._shape, self._values), None)
 
     def fail(self, exc: BaseException) -> None:
         self.close()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
-from monarch._src.actor import multicast
+from monarch._src.actor import multicast, supervision
 from monarch._src.actor.collectors import GatherCollector, OnceCollector, StreamCollector
 from monarch._src.actor.context import current_instance
 from monarch._src.actor.coroutines import is_coroutine_function
@@ -208,7 +208,7 @@ def _decorate(
 class ActorEndpoint(Generic[R]):
     """``mesh.method`` on a spawned mesh: the adverbs that send it."""
 
-    __slots__ = ("_mesh", "_ref", "_name", "_prop", "_size", "_label_text", "_templates")
+    __slots__ = ("_mesh", "_ref", "_name", "_prop", "_size", "_label_text", "_templates", "_plan")
 
     def __init__(self, mesh: ActorMesh[Any], ref: MeshRef, name: str, prop: EndpointProperty[R]) -> None:
         self._mesh = mesh
@@ -218,9 +218,11 @@ class ActorEndpoint(Generic[R]):
         #: The number of actors called; a mesh reference's shape never changes.
         self._size = len(ref.shape)
         self._label_text = f"{ref.name}.{name}"
-        #: The header of a message to each of ``ref.destinations()``, all but its reply port
-        #: packed once (made on the first send: most endpoints of a mesh are never called).
+        #: See ``_header_templates``.
         self._templates: list[HeaderTemplate] | None = None
+        #: What ``call_one`` and ``call`` to actors of other processes reuse from call to call
+        #: (made on the first one); False where an actor of the mesh is in this process.
+        self._plan: _Remote | Literal[False] | None = None
 
     def send_to_port(self, args: tuple, kwargs: dict, port: Port[Any] | None, selection: Selection) -> None:
         """Internal, for ``monarch.actor.send``: send with every reply going to ``port`` (if any),
@@ -315,16 +317,24 @@ class ActorEndpoint(Generic[R]):
             for rank, address in dests:
                 rt.send(address, message(key, name, port_spec, rank, extent), bodies)
         else:
-            templates = self._templates
-            if templates is None:
-                templates = self._templates = [
-                    HeaderTemplate(message(key, name, None, rank, extent), REPLY_PORT) for rank, _ in dests
-                ]
+            templates = self._header_templates()
             if len(dests) == 1:
                 rt.send_templated(dests[0][1], templates[0], port_spec, bodies)
             else:
                 rt.send_templated_each(ref.dest_addresses(), templates, port_spec, bodies)
         return dests
+
+    def _header_templates(self) -> list[HeaderTemplate]:
+        """The header of a call to each rank of the mesh (all of it: not ``choose``), with all
+        but its reply port packed once (made on the first call: most endpoints are never called)."""
+        templates = self._templates
+        if templates is None:
+            ref = self._ref
+            templates = self._templates = [
+                HeaderTemplate(message(ref.key, self._name, None, rank, ref.wire_extent), REPLY_PORT)
+                for rank, _ in ref.destinations()
+            ]
+        return templates
 
     def _collect(
         self,
@@ -381,9 +391,57 @@ class ActorEndpoint(Generic[R]):
         n = self._size
         if n != 1:
             raise ValueError(f"call_one requires exactly 1 actor, but mesh has {n}")
+        if self._plan is not False:  # (False: the actor is in this process)
+            future = self._call_remote(args, kwargs, False)
+            if future is not None:
+                return future
         collector = OnceCollector()
         self._collect(collector, args, kwargs)
         return collector.future
+
+    def _call_remote(self, args: tuple, kwargs: dict, gather: bool) -> Future[Any] | None:
+        """``call_one`` (``gather`` False) or ``call`` in their common case, which ``_collect``
+        and ``_send`` serve in more steps: to actors of other processes (no forwarder between),
+        a few scalar arguments that fit the method, and no mesh or process known failed or
+        stopped. None, having done nothing, in any other case."""
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = _Remote.of(self)
+        if plan is False or plan.rt.closed or multicast.forwarders or supervision.any_trouble():
+            return None
+        arity = self._prop._arity
+        if kwargs or arity is None or not arity[0] <= len(args) <= arity[1]:
+            return None  # (``check_args`` makes ``_arity`` on the first call)
+        bodies = payload.dumps_plain_call(args, kwargs) if args else _NO_ARGS
+        if bodies is None:
+            return None
+        rt = plan.rt
+        # The replies to several processes come to the runtime's loop, which wakes a waiting
+        # thread once for all of them (see ``_send``).
+        reply_to = rt.reply_address(len(plan.addresses) == 1)
+        collector: OnceCollector | GatherCollector
+        if gather:
+            collector = GatherCollector(self._ref.shape_renumbered(), self._size, self._label_text)
+        else:
+            collector = OnceCollector(self._label_text)
+        future = collector.future
+        # As ``expect_from`` does: listed before the look for dead processes, so that a death
+        # recorded at any point is seen by one or the other (``port.fail_waiting_on``).
+        collector._addresses = plan.addresses
+        if supervision.dead_processes:
+            collector.expect_from(plan.addresses)
+        if reply_to != rt.address:  # to this thread's or this loop's own reply address
+            read_by_waiting_thread(future)
+        try:
+            if gather:
+                rt.send_templated_each(plan.addresses, plan.templates, [reply_to, collector.port_id], bodies)
+            else:
+                rt.send_templated(plan.addresses[0], plan.templates[0], [reply_to, collector.port_id], bodies)
+        except BaseException:
+            collector.stop_expecting()
+            collector.close()
+            raise
+        return future
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the endpoint on one actor of the mesh, picked at random to spread load, and get its reply."""
@@ -394,6 +452,10 @@ class ActorEndpoint(Generic[R]):
     def call(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the endpoint on every actor of the mesh; the Future gives a ``ValueMesh`` of the replies,
         or raises the first ``ActorError``/``SupervisionError`` if any call fails."""
+        if self._plan is not False:  # (False: an actor of the mesh is in this process)
+            future = self._call_remote(args, kwargs, True)
+            if future is not None:
+                return future
         collector = GatherCollector(self._ref.shape_renumbered(), self._size)
         self._collect(collector, args, kwargs, gather=True)
         return collector.future
@@ -428,6 +490,29 @@ class ActorEndpoint(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<endpoint {self._ref.class_name}.{self._name} of {self._mesh!r}>"
+
+
+class _Remote:
+    """The processes of a mesh none of whose actors is in this process, and how calls are sent
+    to them (``ActorEndpoint._call_remote``)."""
+
+    __slots__ = ("rt", "addresses", "templates")
+
+    def __init__(self, rt: Runtime, addresses: list[str], templates: list[HeaderTemplate]) -> None:
+        self.rt = rt
+        #: The process of each rank (``MeshRef.dest_addresses``): the destinations, and those a
+        #: reply is expected from (``PortHandler.expect_from``); never changed.
+        self.addresses = addresses
+        self.templates = templates
+
+    @staticmethod
+    def of(endpoint: ActorEndpoint[Any]) -> _Remote | Literal[False]:
+        """The plan of ``endpoint``; False if an actor of its mesh is in this process."""
+        rt = runtime()
+        addresses = endpoint._ref.dest_addresses()
+        if rt.address in addresses:
+            return False
+        return _Remote(rt, addresses, endpoint._header_templates())
 
 
 class NotAnEndpoint:

@@ -188,8 +188,10 @@ class Future(Generic[R]):
         """
         if timeout is not None:
             _check_timeout(timeout)
-        if self._state == _DONE:
-            return self._outcome()
+        if self._state == _DONE:  # (``_outcome``, inline: most futures are done when got)
+            if self._exc is not None:
+                raise self._exc
+            return self._value  # type: ignore[return-value]
         ident = threading.get_ident()
         if ident == _loop_thread_ident:
             raise RuntimeError(
@@ -378,6 +380,11 @@ def read_by_waiting_thread(future: Future[Any]) -> None:
     """``future`` is resolved by replies to the calling thread's own reply address: a ``get()``
     on that thread waits by reading them (``set_thread_wait_hook``), not on a lock."""
     future._replies_here = True
+
+
+#: ``resolve(future, value, exc)``: ``set_result(future, value)`` where ``exc`` is None, else
+#: ``set_exception(future, exc)``; one call, for the per-reply path of the collectors.
+resolve: Callable[[Future[Any], Any, BaseException | None], bool] = Future._finish
 
 
 def set_result(future: Future[R], value: R) -> bool:

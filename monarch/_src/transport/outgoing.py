@@ -224,7 +224,7 @@ class OutgoingConnection:
                 call_soon(self._fail, e)
                 return
             for b in buffers:  # what the kernel did not take is queued
-                n = _nbytes(b)
+                n = len(b) if type(b) is bytes else memoryview(b).nbytes  # (``_nbytes``, inline)
                 if sent >= n:
                     sent -= n
                     continue

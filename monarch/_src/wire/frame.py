@@ -133,13 +133,14 @@ def encode_each(
         return []
     n = len(body) if type(body) is bytes else memoryview(body).nbytes
     tail = _pack(value) + templates[0]._lengths_key + _pack([n])
+    tail_size = len(tail)
+    limit = min(JOIN_BYTES, max_frame_bytes) - n - tail_size  # for the header's fixed part
     frames = []
     for t in templates:
         head = t._head
-        size = len(head) + len(tail)
-        if size + n > JOIN_BYTES or size + n > max_frame_bytes:
+        if len(head) > limit:
             return None
-        frames.append([b"".join((PREFIX.pack(size), head, tail, body))])
+        frames.append([b"".join((PREFIX.pack(len(head) + tail_size), head, tail, body))])
     return frames
 
 
