@@ -9,7 +9,6 @@ proc lives on) is asked for again, by sending the stop again. A frozen proc (SIG
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
@@ -53,13 +52,20 @@ class Stopper(Actor):
 
     def __cleanup__(self, exc: Exception | None) -> None:
         if self.signal_in_cleanup:
-            os.kill(os.getpid(), self.signal_in_cleanup)
+            # To this thread, not os.kill(os.getpid()): Linux hands a signal sent to the process
+            # to its main thread, and a SIGSTOP stops the others only once that thread runs, so
+            # this one could return and acknowledge the stop first (seen under load). A signal
+            # to the calling thread takes effect before the call returns (a stop or a kill
+            # still takes the whole process).
+            signal.pthread_kill(threading.get_ident(), self.signal_in_cleanup)
 
 
-@contextlib.contextmanager
-def stopper_mesh() -> Iterator[tuple[Any, list[int]]]:
+@pytest.fixture
+def mesh(faults: list[MeshFailure], monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, list[int]]]:
     """Two Stoppers, rank 1 blocked in an endpoint (so it cannot stop within the bound), and
-    their pids; both processes are killed at the end."""
+    their pids."""
+    monkeypatch.setattr(CONFIG, "actor_stop_timeout_s", STOP_BOUND_S, raising=False)
+    monkeypatch.setenv("MONARCH_CLEANUP_TIMEOUT_S", "1")  # read by the workers
     pm = this_host().spawn_procs(per_host={"gpus": 2})
     pids: list[int] = []
     try:
@@ -76,19 +82,6 @@ def stopper_mesh() -> Iterator[tuple[Any, list[int]]]:
             except ProcessLookupError:
                 pass
         pm.stop().get(timeout=15)
-
-
-@pytest.fixture
-def bounded(faults: list[MeshFailure], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stop bound of ``STOP_BOUND_S`` here, and a cleanup bound of 1 s in the workers."""
-    monkeypatch.setattr(CONFIG, "actor_stop_timeout_s", STOP_BOUND_S, raising=False)
-    monkeypatch.setenv("MONARCH_CLEANUP_TIMEOUT_S", "1")  # read by the workers
-
-
-@pytest.fixture
-def mesh(bounded: None) -> Iterator[tuple[Any, list[int]]]:
-    with stopper_mesh() as found:
-        yield found
 
 
 def stop_with_rank_0_signalled(stoppers: Any, sig: int) -> tuple[str, float]:
@@ -124,12 +117,6 @@ def test_an_acknowledgement_lost_with_its_connection_is_asked_for_again(mesh: An
 
 def test_stop_of_a_frozen_proc_ends_at_its_bound_saying_so(mesh: Any) -> None:
     message, took = stop_with_rank_0_signalled(mesh[0], signal.SIGSTOP)
-    if "ranks [1] did not stop" in message:
-        # Seen in 2 of 3 clean-clone CI runs of session 8, never in 30 local runs: rank 0's stop
-        # was acknowledged although its __cleanup__ froze its process (cause not found yet: see
-        # that session's closing note). A second mesh tells a rare race from a broken path.
-        with stopper_mesh() as again:
-            message, took = stop_with_rank_0_signalled(again[0], signal.SIGSTOP)
     assert "ranks [0, 1] did not stop within 1 s" in message, message
     assert "rank 0: its process did not answer the stop: it is frozen" in message, message
     assert "ProcMesh.stop() kills" in message, message
