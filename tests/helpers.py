@@ -40,6 +40,18 @@ def wait_until(pred: Callable[[], Any], timeout: float = 30.0, what: str = "cond
         time.sleep(0.01)
 
 
+def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped: a signal sent to another process (or to one's
+    own from a thread other than the main one) takes hold only once the kernel schedules it, and a
+    test that goes on meanwhile races the process it believes frozen."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(
+        lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T",
+        timeout=5,
+        what=f"process {pid} to stop",
+    )
+
+
 def _cuda_usable() -> bool:
     """Whether the driver lists a GPU and torch can use it (torch imported only where there is one)."""
     from monarch._src.launch.cli import cuda_device_count

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 import msgpack
 import pytest
@@ -60,8 +61,9 @@ class Numbers(Pid):
         return list(self.ran)
 
 
-def _arrival_order(futures: list) -> list[int]:
-    """The indexes of ``futures`` in the order they were resolved (on the client's loop)."""
+def _arrival_order(futures: list) -> Callable[[], list[int]]:
+    """The indexes of ``futures`` in the order they were resolved (on the client's loop), read
+    once every one was recorded: a waiting ``get()`` may return before the done-callbacks ran."""
     seen: list[int] = []
     lock = threading.Lock()
     for i, f in enumerate(futures):
@@ -71,7 +73,7 @@ def _arrival_order(futures: list) -> list[int]:
                 seen.append(i)
 
         add_done_callback(f, done)
-    return seen
+    return lambda: wait_until(lambda: len(seen) == len(futures) and seen, timeout=30, what="every callback")
 
 
 @pytest.mark.timeout(120)
@@ -80,7 +82,7 @@ def test_10k_outstanding_calls_all_answered_in_order(procs1) -> None:
     futures = [actor.echo.call_one(i) for i in range(N)]
     arrived = _arrival_order(futures)
     assert [f.get(timeout=60) for f in futures] == list(range(N))
-    assert arrived == list(range(N)), "replies of one actor to one caller arrive in the order sent"
+    assert arrived() == list(range(N)), "replies of one actor to one caller arrive in the order sent"
     assert actor.order.call_one().get(timeout=30) == list(range(N)), "run in the order sent"
 
 
@@ -109,7 +111,7 @@ def test_a_blocking_get_inside_an_endpoint_while_its_batch_waits(procs2) -> None
     futures = [actor.relay.call_one(i) for i in range(n)]
     arrived = _arrival_order(futures)
     assert [f.get(timeout=60) for f in futures] == list(range(n))
-    assert arrived == list(range(n))
+    assert arrived() == list(range(n))
     assert actor.order.call_one().get(timeout=30) == list(range(n))
     assert helpers.order.call_one().get(timeout=30) == list(range(0, n, 10))
 

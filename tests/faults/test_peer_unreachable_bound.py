@@ -13,6 +13,7 @@ import time
 
 import pytest
 from fault_helpers import Probe, Relay
+from helpers import freeze
 
 from monarch.actor import this_host
 
@@ -29,7 +30,7 @@ def test_unreachable_peer_is_dead_after_the_bound():
         b = pb.spawn("b", Relay)
         a_pid, _ = a.where.call_one().get(timeout=30)
         b.where.call_one().get(timeout=30)
-        os.kill(a_pid, signal.SIGSTOP)
+        freeze(a_pid)
         try:
             start = time.monotonic()
             with pytest.raises(Exception) as info:

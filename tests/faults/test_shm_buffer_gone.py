@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent(
     """
     import glob, os, signal, sys
-    sys.path.insert(0, os.path.join(sys.argv[1], "tests", "faults"))
+    sys.path[:0] = [os.path.join(sys.argv[1], "tests", "faults"), os.path.join(sys.argv[1], "tests")]
     import cloudpickle, fault_helpers
+    from helpers import freeze
     cloudpickle.register_pickle_by_value(fault_helpers)
     from monarch._src.actor.process_state import runtime
     from monarch.actor import this_host
@@ -30,7 +31,7 @@ SCRIPT = textwrap.dedent(
     try:
         probe = pm.spawn("probe", fault_helpers.Probe)
         pid, _ = probe.where.call_one().get(timeout=30)
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         try:
             fut = probe.length.call_one(b"x" * (4 << 20))
             names = glob.glob(f"/dev/shm/monarch-{runtime().job_tag}-*")

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fault_helpers import Probe, authenticated_connection, probe_worker, socket_path, worker_log
-from helpers import wait_until
+from helpers import freeze, wait_until
 
 from monarch._src.wire import payload
 from monarch._src.wire.frame import encode_frame
@@ -131,7 +131,7 @@ def fill_while_frozen(recorder: Any, pid: int, address: str) -> tuple[int, list[
     ((fd, _),) = connections_to(address)
     with socket.socket(fileno=os.dup(fd)) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     for seq in range(BURST):
         recorder.record.broadcast(seq, PAD)
     calls = [recorder.ping.call_one(i) for i in range(CALLS)]

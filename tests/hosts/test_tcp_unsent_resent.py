@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
+from helpers import freeze, wait_until
 from tcp_helpers import Where, tcp_procs
 from test_tcp_peer_loss import kill_connections_to
 
@@ -72,7 +72,7 @@ def test_messages_queued_when_a_tcp_connection_is_reset_go_first_on_the_new_one(
         recorder = pm.spawn("recorder", Recorder, str(record))
         pid, address = recorder.where.call_one().get(timeout=30)
         assert address.startswith("tcp:")
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         try:
             for seq in range(BURST):
                 recorder.record.broadcast(seq, PAD)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from helpers import wait_until
+from helpers import freeze, wait_until
 from rdma_actors import Owner
 
 import monarch.actor
@@ -40,16 +40,6 @@ def mesh(monkeypatch: pytest.MonkeyPatch) -> Iterator[ProcMesh]:
     pm = this_host().spawn_procs(per_host={"gpus": 1})
     yield pm
     pm.stop().get(timeout=10)
-
-
-def freeze(pid: int) -> None:
-    """SIGSTOP ``pid`` and wait until it is stopped (signals to other processes take a while)."""
-    os.kill(pid, signal.SIGSTOP)
-    wait_until(
-        lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T",
-        timeout=5,
-        what="the stop",
-    )
 
 
 def test_a_dropped_buffer_fails_reads_and_writes_with_monarchs_error(mesh: ProcMesh, backend: str) -> None:
