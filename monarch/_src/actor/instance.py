@@ -300,14 +300,6 @@ class ActorInstance:
 
     # -- runners ----------------------------------------------------------------------------
 
-    def _begin_running(self, header: dict) -> bool:
-        """Mark the message running, unless a process stop means it is not run (then False)."""
-        if self._stop_now:
-            self._not_run(header, self._unrun)
-            return False
-        self._running, self._running_since = header[ENDPOINT], time.monotonic()
-        return True
-
     def _thread_main(self) -> None:
         mark_sync_actor_thread()
         self.thread_ident = threading.get_ident()
@@ -319,9 +311,8 @@ class ActorInstance:
                 flush_corked()  # replies corked in a burst go out before this thread sleeps
             kind, header, bodies = q.get()  # this thread alone takes from the queue
             if kind == MESSAGE:
-                if self._begin_running(header):
-                    self._handle_sync(header, bodies)
-                    self._running = None
+                self._handle_sync(header, bodies)
+                self._running = None
             elif kind == INIT:
                 self._construct(bodies)
             elif kind == SUPERVISE:
@@ -349,11 +340,10 @@ class ActorInstance:
                 await self._wakeup
             kind, header, bodies = dq.popleft()
             if kind == MESSAGE:
-                if self._begin_running(header):
-                    run = self._handle_async(header, bodies)
-                    if run is not None:
-                        await run
-                    self._running = None
+                run = self._handle_async(header, bodies)
+                if run is not None:
+                    await run
+                self._running = None
             elif kind == INIT:
                 self._construct(bodies)
             elif kind == SUPERVISE:
@@ -381,7 +371,14 @@ class ActorInstance:
     def _begin(
         self, header: dict, bodies: list | tuple[tuple, dict]
     ) -> tuple[Callable[..., Any] | None, Any, Any, Port[Any] | None, bool]:
-        """Decode a message; returns (function, args, kwargs, reply port, explicit_port)."""
+        """Mark the message running and decode it; returns (function, args, kwargs, reply port,
+        explicit_port), the function None if there is nothing to run: a process stop means it
+        is not run, or the actor failed, or its arguments did not unpickle (each answered here)."""
+        name = header[ENDPOINT]
+        if self._stop_now:
+            self._not_run(header, self._unrun)
+            return None, None, None, None, False
+        self._running, self._running_since = name, time.monotonic()
         labels, sizes = header[EXTENT]
         r = header[RANK]
         last = self._last_point  # most messages come from the rank and mesh the last one did
@@ -393,7 +390,6 @@ class ActorInstance:
         current_message_rank.set(point)
         spec = header.get(REPLY_PORT)
         reply: Port[Any] | None = Port(spec[0], spec[1], r) if spec else None
-        name = header[ENDPOINT]
         if self.failure is not None or self.actor is None:
             if reply is not None:
                 reply.exception(self._unavailable_error(name))
@@ -508,7 +504,8 @@ class ActorInstance:
         else:
             self._reply(reply, explicit, name, result)
         finally:
-            _run_callbacks(done)
+            if done is not None:
+                _run_callbacks(done)
 
     def _reply(self, reply: Port[Any] | None, explicit: bool, name: str, result: Any) -> None:
         if reply is None or explicit:

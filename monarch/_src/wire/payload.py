@@ -186,7 +186,7 @@ def dumps_plain_call(args: tuple, kwargs: dict) -> list[Any] | None:
 
 def dumps(obj: Any) -> list[Any]:
     """Serialize ``obj`` into ``[stream, *out_of_band_buffers]`` without copying large buffers."""
-    if _is_plain(obj):  # the common small message: skip cloudpickle's per-call setup
+    if type(obj) in _SCALARS or _is_plain(obj):  # the common small message: skip cloudpickle's setup
         return [pickle.dumps(obj, 5)]
     buffers: list[Any] = []
 
@@ -215,6 +215,8 @@ def loads(bodies: Sequence[Any]) -> Any:
     ``bytes`` is itself a ``Sequence``, so the annotation covers both forms; spelling out
     ``| bytes`` would stop mypy from narrowing the list form after the check below.
     """
+    if bodies.__class__ is list:  # a message's bodies (checked first: one call less)
+        return pickle.loads(bodies[0], buffers=bodies[1:]) if len(bodies) > 1 else pickle.loads(bodies[0])
     if isinstance(bodies, (bytes, bytearray, memoryview)):
         return pickle.loads(bodies)
     return pickle.loads(bodies[0], buffers=bodies[1:])
