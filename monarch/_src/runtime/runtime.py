@@ -308,11 +308,7 @@ class Runtime:
     def _read_routed(self) -> None:
         pending, self._after_read = self._after_read, None
         if pending:
-            for fn in pending:  # (``_run_each``, inlined: this runs after every read)
-                try:
-                    fn()
-                except Exception:
-                    logger.exception("work scheduled after a read failed")
+            _run_each(pending)
 
     def send(self, address: str, header: dict, bodies: list, keep: bool = False) -> None:
         """Deliver one message; callable from any thread. Raises FrameTooLargeError at once.
