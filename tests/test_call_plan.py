@@ -34,6 +34,12 @@ def test_repeated_calls_keep_every_check(procs2):
     assert one.echo.call_one().get(timeout=10) is None
     assert one.echo.call_one(x="kw").get(timeout=10) == "kw"
     assert echo.echo.call([1, {"a": (2,)}]).get(timeout=10).values() == [[1, {"a": (2,)}]] * 2
+    other = procs2.spawn("other", Echo)
+    other.stop().get(timeout=10)  # another mesh's stop changes nothing for this one's calls
+    assert one.echo.call_one(5).get(timeout=10) == 5
+    assert echo.echo.call(6).get(timeout=10).values() == [6, 6]
+    with pytest.raises(SupervisionError, match="actor mesh other has been stopped"):
+        other.echo.call(0).get(timeout=10)
     echo.stop().get(timeout=10)
     for fut in (one.echo.call_one(0), echo.echo.call(0)):
         assert fut.done()  # failed at the call site: nothing was sent

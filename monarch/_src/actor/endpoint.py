@@ -402,12 +402,18 @@ class ActorEndpoint(Generic[R]):
     def _call_remote(self, args: tuple, kwargs: dict, gather: bool) -> Future[Any] | None:
         """``call_one`` (``gather`` False) or ``call`` in their common case, which ``_collect``
         and ``_send`` serve in more steps: to actors of other processes (no forwarder between),
-        a few scalar arguments that fit the method, and no mesh or process known failed or
-        stopped. None, having done nothing, in any other case."""
+        a few scalar arguments that fit the method, the mesh not known stopped or failed and none
+        of its processes known dead (other meshes' troubles do not matter). None, having done
+        nothing, in any other case."""
         plan = self._plan
         if plan is None:
             plan = self._plan = _Remote.of(self)
-        if plan is False or plan.rt.closed or multicast.forwarders or supervision.any_trouble():
+        if (
+            plan is False
+            or plan.rt.closed
+            or multicast.forwarders
+            or supervision.trouble_for(plan.key, plan.addresses)
+        ):
             return None
         arity = self._prop._arity
         if kwargs or arity is None or not arity[0] <= len(args) <= arity[1]:
@@ -496,10 +502,11 @@ class _Remote:
     """The processes of a mesh none of whose actors is in this process, and how calls are sent
     to them (``ActorEndpoint._call_remote``)."""
 
-    __slots__ = ("rt", "addresses", "templates")
+    __slots__ = ("rt", "key", "addresses", "templates")
 
-    def __init__(self, rt: Runtime, addresses: list[str], templates: list[HeaderTemplate]) -> None:
+    def __init__(self, rt: Runtime, key: str, addresses: list[str], templates: list[HeaderTemplate]) -> None:
         self.rt = rt
+        self.key = key
         #: The process of each rank (``MeshRef.dest_addresses``): the destinations, and those a
         #: reply is expected from (``PortHandler.expect_from``); never changed.
         self.addresses = addresses
@@ -512,7 +519,7 @@ class _Remote:
         addresses = endpoint._ref.dest_addresses()
         if rt.address in addresses:
             return False
-        return _Remote(rt, addresses, endpoint._header_templates())
+        return _Remote(rt, endpoint._ref.key, addresses, endpoint._header_templates())
 
 
 class NotAnEndpoint:

@@ -184,6 +184,12 @@ def any_trouble() -> bool:
     return bool(_stopped or _failed or dead_processes)
 
 
+def trouble_for(mesh_key: str, addresses: list[str]) -> bool:
+    """Whether this mesh is known stopped or failed, or one of these processes dead: a call's
+    fast path checks only its own mesh, so that a mesh stopped elsewhere costs it nothing."""
+    return mesh_key in _stopped or mesh_key in _failed or not dead_processes.keys().isdisjoint(addresses)
+
+
 def mesh_error(mesh_key: str, mesh_name: str, endpoint: str, addresses: list[str]) -> SupervisionError | None:
     """Why a call on these ranks of a mesh must fail at once (or None if it may proceed)."""
     if mesh_key in _stopped:
