@@ -7,9 +7,10 @@ always a copy, as in Monarch.
 
 Thread model: ``send`` may be called from any thread. Frames from one thread to one peer keep
 their order (one outgoing connection per peer, FIFO callback queue), which gives Monarch's
-per-sender FIFO guarantee, across a dropped connection too: the frames it never wrote go first
-on the one replacing it, and the receiver routes a peer's new connection's frames only once
-the old one delivered what it carried (``behind``).
+per-sender FIFO guarantee, across a dropped connection too: the frames it wrote there that the
+peer says it never read (a reset discards what the kernels held), and those it never wrote, go
+first on the one replacing it, and the receiver routes a peer's new connection's frames only
+once the old one delivered what it carried (``behind``).
 """
 
 from __future__ import annotations

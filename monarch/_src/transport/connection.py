@@ -13,6 +13,9 @@ holds only a few bytes of buffer. A bad handshake or malformed header closes onl
 connection, with a logged reason. A well-formed frame this process cannot take (over the size
 limit, or no memory for its body) is skipped, and its header handed to ``on_reject``, so its
 sender hears why; the connection stays usable.
+
+The only bytes it writes back after the handshake are the counts of frames read
+(``read_count``), which let the sender keep only what it may have to send again.
 """
 
 from __future__ import annotations

@@ -26,12 +26,15 @@ at once. Either way the connection then closes with a reason (``PeerGoneError``,
 A connection that fails keeps the frames it never wholly handed to the kernel (``take_held``):
 corked, queued behind a full socket buffer, queued before the handshake, or cut in the middle
 by the failure (a frame written in part is kept whole). The peer cannot have read any of them,
-as a frame is read only once its last byte arrives. After the handshake, its owner sends them
-first on the connection that replaces it, in their order, and counts only the others as written
-on this one: whether those arrived only the peer knows (the runtime's peer hello). Before it
-(the peer is gone or unreachable), its owner reports them. Held frames are the queue's own
-buffers, never copies; the cost on the send path is one append per queued frame, and a few
-operations per write of the queue.
+as a frame is read only once its last byte arrives. It also keeps those it wrote until the peer
+says it read them (``read_count``: an acknowledgement every few hundred frames), within bounds
+(``keep``): a reset discards what the kernels hold, which the peer never reads. After the
+handshake, its owner sends them on the connection that replaces it (``take_unread``), whose
+greeting asks the peer how many of the written ones it read: only the others go again, first,
+in their order, then the held ones, then any newer frame; those it no longer kept are counted
+(``unread_lost``) for its owner to report. Before it (the peer is gone or unreachable), its
+owner reports the held ones. Kept frames are the queue's own buffers, never copies; the cost on
+the send path is an append or two per frame, and a few operations per write of the queue.
 
 A write that wakes a sleeping peer costs tens of microseconds of CPU, so a thread sending a
 burst (frames less than ``BURST_GAP_S`` apart) corks: its frames queue up and go out in one
