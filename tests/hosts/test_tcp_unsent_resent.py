@@ -127,6 +127,7 @@ class Asker(Where):
     @endpoint
     async def ask(self, target: Any, n: int) -> None:
         self.calls = [target.echo.call_one((i, PAD)) for i in range(n)]
+        await self.calls[0]  # the calls went out (as far as the kernel took them)
 
     @endpoint
     async def answers(self) -> list[Any]:

@@ -101,6 +101,10 @@ def _nbytes(buffer: Any) -> int:
     return len(buffer) if type(buffer) is bytes else memoryview(buffer).nbytes
 
 
+def _frame_bytes(frame: list[Any]) -> int:
+    return sum(map(_nbytes, frame))
+
+
 class Kept(NamedTuple):
     """What a closed connection hands to the one replacing it (``take_unread``)."""
 
@@ -174,9 +178,10 @@ class OutgoingConnection:
         #: What the connection this one replaces wrote and kept (``Kept``): the peer is asked
         #: which of those it read.
         self._resend_from, self._resend_written = resend.written_from, resend.written
-        #: Written frames kept for a resend (their buffers and size), the first of them frame
-        #: ``_retained_from`` (all before it were read, or forgotten), until the peer read them.
-        self._retained: collections.deque[tuple[list[Any], int]] = collections.deque()
+        #: Written frames kept for a resend, the first of them frame ``_retained_from`` (all
+        #: before it were read, or forgotten), until the peer read them; and their bytes (and
+        #: those of the frame being written, counted as they are written).
+        self._retained: collections.deque[list[Any]] = collections.deque()
         self._retained_from = 0
         self._retained_bytes = 0
         self._keep_frames, self._keep_bytes = keep
@@ -274,6 +279,7 @@ class OutgoingConnection:
                     continue
                 q.append(memoryview(b).cast("B")[sent:] if sent else b)
                 sent = 0
+            self._retained_bytes += size
             if q:
                 self._frames.append(buffers)
                 self._head_written = len(buffers) - len(q)  # the queue was empty
@@ -281,8 +287,7 @@ class OutgoingConnection:
                 call_soon(self._flush)
                 return
             retained = self._retained  # written whole: kept until the peer read it
-            retained.append((buffers, size))
-            self._retained_bytes += size
+            retained.append(buffers)
             if len(retained) > self._keep_frames or self._retained_bytes > self._keep_bytes:
                 self._forget(0)
 
@@ -293,7 +298,7 @@ class OutgoingConnection:
         is registered whenever the queue is not empty.
         """
         q = self._queue
-        popped = 0
+        popped = total = 0
         failed: OSError | None = None
         while q:
             batch = [q[i] for i in range(min(len(q), MAX_IOV))]
@@ -304,40 +309,35 @@ class OutgoingConnection:
             except OSError as e:  # what is still queued is held (``_hold_unwritten``)
                 failed = e
                 break
+            total += sent
             while q and _nbytes(q[0]) <= sent:  # empty buffers (b"" bodies) go here too
                 sent -= _nbytes(q.popleft())
                 popped += 1
             if sent:
                 q[0] = memoryview(q[0]).cast("B")[sent:]
         frames = self._frames
+        retained = self._retained  # the frames wholly written move there
         if not q:
-            self._retain(frames)
+            retained.extend(frames)
             frames.clear()
             self._head_written = 0
-        elif popped:  # the frames wholly written leave ``frames``
+        elif popped:
             written = self._head_written + popped
-            done = []
             while frames and len(frames[0]) <= written:
-                done.append(frame := frames.popleft())
-                written -= len(frame)
-            self._retain(done)
+                written -= len(frame := frames.popleft())
+                retained.append(frame)
             self._head_written = written
+        self._retained_bytes += total
+        if self._greeting is not None and retained and retained[0] is self._greeting:
+            retained.popleft()  # not counted: a new connection has its own
+            self._retained_bytes -= _frame_bytes(self._greeting)
+            self._greeting = None
+        if len(retained) > self._keep_frames or self._retained_bytes > self._keep_bytes:
+            self._forget(0)
         if failed is not None:
             self._loop.call_soon_threadsafe(self._fail, failed)
             return False
         return True
-
-    def _retain(self, frames: collections.abc.Iterable[list[Any]]) -> None:
-        """(lock held) Keep frames just wholly written until the peer read them."""
-        retained = self._retained
-        for frame in frames:
-            if frame is self._greeting:  # not counted: a new connection has its own
-                continue
-            size = len(frame[0]) if len(frame) == 1 else sum(map(_nbytes, frame))
-            retained.append((frame, size))
-            self._retained_bytes += size
-        if len(retained) > self._keep_frames or self._retained_bytes > self._keep_bytes:
-            self._forget(0)
 
     def _forget(self, read: int) -> None:
         """(lock held) Stop keeping the frames the peer read (the first ``read`` of this
@@ -348,7 +348,7 @@ class OutgoingConnection:
             or len(retained) > self._keep_frames
             or self._retained_bytes > self._keep_bytes
         ):
-            self._retained_bytes -= retained.popleft()[1]
+            self._retained_bytes -= _frame_bytes(retained.popleft())
             self._retained_from += 1
 
     def _hold_unwritten(self) -> None:
@@ -385,7 +385,7 @@ class OutgoingConnection:
         held, tags = self.take_held()
         with self._lock:
             first = self._retained_from
-            written = [frame for frame, _ in self._retained]
+            written = list(self._retained)
             self._retained.clear()
             self._retained_bytes = 0
             kept = [(index - first, tag) for index, tag in self._tags if first <= index < self.frames_sent]
