@@ -102,6 +102,9 @@ def _nbytes(buffer: Any) -> int:
 
 
 def _frame_bytes(frame: list[Any]) -> int:
+    head = frame[0]
+    if len(frame) == 1 and type(head) is bytes:  # most frames: small ones are joined (``frame``)
+        return len(head)
     return sum(map(_nbytes, frame))
 
 
