@@ -558,7 +558,7 @@ class Runtime:
             # (the new one replaces it in ``_conns``, unless a sender's ``_connect`` did first).
             self._connect(address)
             return
-        self._unsent(address, conn.take_held()[0], reason)
+        self._unsent(address, conn.take_held()[0][conn.written_before :], reason)
         if self.closed:
             return
         for cb in list(self._peer_lost):

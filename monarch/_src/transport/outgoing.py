@@ -395,6 +395,13 @@ class OutgoingConnection:
         kept += [(index + len(written), tag) for index, tag in tags]
         return Kept(written + held, kept, first, len(written))
 
+    @property
+    def written_before(self) -> int:
+        """How many of the first frames ``take_held`` hands out the connection this one replaces
+        had written (the peer may have read them): those it was to send again, had the peer
+        not read them, if it never got to ask the peer."""
+        return 0 if self._writable else self._resend_written
+
     def sent_tags(self) -> tuple[int, list[list[Any]]]:
         """``(known from, [[frame index, tag], ...])``: the tagged frames sent, complete from
         frame index ``known from`` on (the record is bounded, ``TAG_RECORD``)."""
