@@ -4,8 +4,10 @@ Each process sends on a connection of its own, so a worker's replies reach the c
 worker's connection. Here the client drops that connection (as a TCP reset between hosts would).
 The worker reconnects at once and says in its hello how many frames it had written on the old
 connection, and which of them were replies: a call whose reply the client had not read fails
-with a clear error; a call still running on the worker completes over the new connection; calls
-waiting on other workers are untouched, and later calls work.
+again on the new connection, as the client says in answer to the hello which frames it read
+(a worker that no longer keeps it fails its call with a clear error); a call still running on
+the worker completes over the new connection; calls waiting on other workers are untouched, and
+later calls work.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 from actors import Gate
 from fault_helpers import Probe
 
+from monarch._src.runtime.config import configured
 from monarch.actor import this_host
 
 
@@ -87,8 +90,23 @@ def test_calls_still_running_when_the_reply_connection_drops_complete():
 
 
 @pytest.mark.timeout(60)
-def test_a_call_whose_reply_was_lost_fails_and_one_still_running_completes():
+def test_a_reply_unread_when_its_connection_drops_is_sent_again():
     pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        probe = pm.spawn("probe", Probe)
+        _, address = where_from_the_loop(probe)
+        lost = drop_connection_from(address, send_first=lambda: probe.ping.call_one("unread"))
+        assert lost.get(timeout=10) == "unread"
+        assert probe.ping.call_one("after").get(timeout=10) == "after"
+    finally:
+        pm.stop().get(timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_a_call_whose_reply_was_lost_fails_and_one_still_running_completes():
+    """The worker keeps no reply to send again: the unread one is lost, and its call fails."""
+    with configured(resend_keep_messages=0):
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
     try:
         gate = pm.spawn("gate", Gate)
         probe = pm.spawn("probe", Probe)

@@ -219,7 +219,7 @@ def test_a_new_connection_waits_for_what_the_old_one_still_carries(
             )
         )
 
-    def hello(previous: tuple[int, int, list, list] | None) -> bytes:
+    def hello(previous: tuple[int, int, list, list, int | None] | None) -> bytes:
         return b"".join(bytes(b) for b in encode_frame(peer_hello(FAKE_PEER, previous), [], 1 << 30))
 
     def recorded(n: int) -> list[int]:
@@ -232,7 +232,7 @@ def test_a_new_connection_waits_for_what_the_old_one_still_carries(
     with authenticated_connection(address) as old, authenticated_connection(address) as new:
         old.sendall(hello(None) + broadcasts(range(100)))
         recorded(100)  # the old connection is the peer's, as its hello said
-        new.sendall(hello((200, 0, [], [])) + broadcasts(range(200, 300)))
+        new.sendall(hello((200, 0, [], [], None)) + broadcasts(range(200, 300)))
         old.sendall(broadcasts(range(100, 200)))  # still on the way when the new one came
         assert recorded(300) == list(range(300))
     assert faults == []

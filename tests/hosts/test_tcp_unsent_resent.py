@@ -1,13 +1,14 @@
 """A TCP connection reset from outside (``ss -K``) with messages still queued in the client:
-they go first on the new connection, and nothing is run twice.
+every one runs once, in order.
 
 The proc is frozen (SIGSTOP) while the client sends it a burst of broadcasts larger than both
 sockets' buffers, then calls: the calls, and the burst's tail, are queued in the client when
-the connection is reset. Once the proc resumes, every call returns its value (none fails as
-"may or may not have run"), and the broadcasts it runs come in order, without duplicates,
-ending with every queued one. The reset discards what the client's kernel had not sent yet: the proc
-reports the broadcast it got in part to the mesh's owner, and those behind it in the kernel
-are lost with the connection, as before.
+the connection is reset. The reset also discards what the kernels held: the client's send
+queue, and the frame the proc had begun to read. The proc says, in answer to the new
+connection's hello, how many frames of the old one it read; the client sends again those it
+wrote that the proc did not read (it keeps them until the proc acknowledges them), then the
+queued ones. Once the proc resumes, every call returns its value (none fails as "may or may
+not have run"), every broadcast runs exactly once, in order, and nothing is reported.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import freeze, wait_until
@@ -23,6 +25,7 @@ from tcp_helpers import Where, tcp_procs
 from test_tcp_peer_loss import kill_connections_to
 
 import monarch.actor
+from monarch._src.runtime.config import configured
 from monarch._src.transport.address import TcpAddress, parse
 from monarch.actor import MeshFailure, endpoint
 
@@ -61,6 +64,29 @@ def in_kernel(address: str) -> tuple[int, int]:
     return received, unsent
 
 
+def burst_cut_by_a_reset(pm: Any, record: Path) -> tuple[str, list[int]]:
+    """Freeze the recorder's proc, send it ``BURST`` broadcasts and ``CALLS`` calls, reset the
+    connection (``ss -K``) once the kernels hold part of the burst, and resume it: its address,
+    and the broadcasts it ran, in the order it ran them (the calls returned their values)."""
+    recorder = pm.spawn("recorder", Recorder, str(record))
+    pid, address = recorder.where.call_one().get(timeout=30)
+    assert address.startswith("tcp:")
+    freeze(pid)
+    try:
+        for seq in range(BURST):
+            recorder.record.broadcast(seq, PAD)
+        calls = [recorder.echo.call_one(i) for i in range(CALLS)]
+        received, unsent = wait_until(
+            lambda: (q := in_kernel(address))[0] and q, 10, "the proc's receive queue to fill"
+        )
+        assert received + unsent < BURST * len(PAD) // 2, "the kernel took most of the burst"
+        kill_connections_to(address)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert [c.get(timeout=60) for c in calls] == list(range(CALLS))
+    return address, [int(line) for line in record.read_text().split()]  # the calls ran after them
+
+
 @pytest.mark.timeout(120)
 def test_messages_queued_when_a_tcp_connection_is_reset_go_first_on_the_new_one(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -68,29 +94,82 @@ def test_messages_queued_when_a_tcp_connection_is_reset_go_first_on_the_new_one(
     faults: list[MeshFailure] = []
     monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
     with tcp_procs() as pm:
-        record = tmp_path / "record"
-        recorder = pm.spawn("recorder", Recorder, str(record))
-        pid, address = recorder.where.call_one().get(timeout=30)
-        assert address.startswith("tcp:")
+        _, seen = burst_cut_by_a_reset(pm, tmp_path / "record")
+    gaps = [(a, b) for a, b in zip(seen, seen[1:], strict=False) if b != a + 1]
+    assert seen == list(range(BURST)), (len(seen), seen[:3], gaps[:5])
+    assert faults == [], [f.report() for f in faults]
+
+
+@pytest.mark.timeout(120)
+def test_messages_lost_in_the_kernel_and_no_longer_kept_are_reported(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client keeps no written message (``resend_keep_messages=0``): those the reset
+    discarded are lost, and it says how many, exactly; the frame the proc had begun to read is
+    reported to the mesh's owner. The others still run once, in order."""
+    faults: list[MeshFailure] = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    with configured(resend_keep_messages=0), tcp_procs() as pm:
+        address, seen = burst_cut_by_a_reset(pm, tmp_path / "record")
+    gaps = [(a, b) for a, b in zip(seen, seen[1:], strict=False) if b != a + 1]
+    assert seen[0] == 0 and seen[-1] == BURST - 1 and len(gaps) == 1, gaps
+    ((last_read, first_resent),) = gaps
+    lost = first_resent - last_read - 1
+    said = [r.getMessage() for r in caplog.records if "were never read there" in r.getMessage()]
+    assert said and said[0].startswith(f"{lost} messages written to {address} were never read"), (lost, said)
+    reports = [f.report() for f in faults]
+    assert len(reports) <= 1 and all("connection closed in the middle of this message" in r for r in reports)
+
+
+class Asker(Where):
+    """Calls another proc's ``echo`` many times at once, and later says what came back."""
+
+    @endpoint
+    async def ask(self, target: Any, n: int) -> None:
+        self.calls = [target.echo.call_one((i, PAD)) for i in range(n)]
+        await self.calls[0]  # the calls went out (as far as the kernel took them)
+
+    @endpoint
+    async def answers(self) -> list[Any]:
+        return [(await call)[0] for call in self.calls]
+
+
+def addresses_of(pid: int) -> list[str]:
+    """The TCP addresses process ``pid`` listens at (its own, and its loops' reply addresses)."""
+    out = subprocess.run(["ss", "-tlnpH"], capture_output=True, text=True, timeout=10, check=True).stdout
+    return [f"tcp:{line.split()[3]}" for line in out.splitlines() if f"pid={pid}," in line]
+
+
+@pytest.mark.timeout(120)
+def test_replies_lost_in_the_kernel_by_a_reset_are_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replies pile up in the kernels while the caller's proc is frozen; the connections they
+    travel on are reset: the replier sends again those the caller did not read, and every call
+    returns its value (none fails as "may or may not have run")."""
+    faults: list[MeshFailure] = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    with tcp_procs() as asker_procs, tcp_procs() as echo_procs:
+        asker = asker_procs.spawn("asker", Asker)
+        echo = echo_procs.spawn("echo", Recorder, os.devnull)
+        pid, _ = asker.where.call_one().get(timeout=30)
+        echo.echo.call_one(None).get(timeout=30)
+        asker.ask.call_one(echo, 1).get(timeout=30)
+        asker.answers.call_one().get(timeout=30)  # the echo proc's connections are open
+        addresses = addresses_of(pid)
         freeze(pid)
         try:
-            for seq in range(BURST):
-                recorder.record.broadcast(seq, PAD)
-            calls = [recorder.echo.call_one(i) for i in range(CALLS)]
-            received, unsent = wait_until(
-                lambda: (q := in_kernel(address))[0] and q, 10, "the proc's receive queue to fill"
+            # Sent while frozen: the asker reads the call, and its calls go out, once resumed.
+            asking = asker.ask.call_one(echo, CALLS * 100)
+            os.kill(pid, signal.SIGCONT)
+            asking.get(timeout=30)
+            freeze(pid)
+            wait_until(
+                lambda: sum(in_kernel(a)[0] for a in addresses) > len(PAD) * CALLS,
+                10,
+                "replies to fill the asker's receive queues",
             )
-            assert received + unsent < BURST * len(PAD) // 2, "the kernel took most of the burst"
-            kill_connections_to(address)
+            for address in addresses:
+                kill_connections_to(address)
         finally:
             os.kill(pid, signal.SIGCONT)
-        assert [c.get(timeout=60) for c in calls] == list(range(CALLS))
-        seen = [int(line) for line in record.read_text().split()]  # the calls ran after them
-        assert seen == sorted(set(seen)), "a broadcast ran twice or out of order"
-        gaps = [(a, b) for a, b in zip(seen, seen[1:], strict=False) if b != a + 1]
-        assert len(gaps) <= 1, gaps  # what the reset discarded in the client's kernel, if anything
-        queued_from = gaps[0][1] if gaps else seen[0]
-        assert seen[-1] == BURST - 1 and BURST - queued_from > BURST // 2, (queued_from, BURST)
-        assert len(faults) <= 1, [f.report() for f in faults]
-        for fault in faults:
-            assert "record(): the connection closed in the middle of this message" in fault.report()
+        assert asker.answers.call_one().get(timeout=60) == list(range(CALLS * 100))
+    assert faults == [], [f.report() for f in faults]

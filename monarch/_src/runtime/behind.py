@@ -9,6 +9,10 @@ progress for ``IDLE_S`` (it is then closed, and what it lost is settled as for a
 connection idle for that long after it delivered them is closed too).
 Meanwhile the new connection is not read further (its transport paused, where it can be), so
 what waits is about one read's worth.
+
+Once the old connection delivered those frames, or ended, the peer is told how many it read
+(``transport.read_count``), if it asked: it waits for that before it sends again the frames it
+wrote there that were not read, ahead of its newer frames.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ class Behind:
         if self._released:
             return
         self._released = True
+        self._new.tell_read(self._written)  # unless told already (``old`` ended: what it read)
         self._old.on_frame = self._old_route
         self._new.on_frame = self._route
         frames, self._frames = self._frames, []

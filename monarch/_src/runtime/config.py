@@ -40,6 +40,11 @@ class RuntimeConfig:
     shm_pool_bytes: int = field(default_factory=lambda: _int_env("MONARCH_SHM_POOL_BYTES", 512 << 20))
     #: Seconds a pooled file may stay unused before it is removed (its memory freed).
     shm_pool_idle_s: float = field(default_factory=lambda: float(_int_env("MONARCH_SHM_POOL_IDLE_S", 30)))
+    #: Messages, and bytes, each connection keeps after writing them until its peer says it
+    #: read them, so that those a dropped connection lost under a live peer are sent again
+    #: (the oldest are forgotten beyond either bound: if lost, they are reported instead).
+    resend_keep_messages: int = field(default_factory=lambda: _int_env("MONARCH_RESEND_KEEP_MESSAGES", 16384))
+    resend_keep_bytes: int = field(default_factory=lambda: _int_env("MONARCH_RESEND_KEEP_BYTES", 32 << 20))
     #: Seconds a peer whose process is alive may stay unreachable (connections refused for
     #: lack of descriptors, a full listen backlog, no answer to the handshake) before it is
     #: declared dead; a peer whose process is gone is declared dead at once.

@@ -7,9 +7,10 @@ always a copy, as in Monarch.
 
 Thread model: ``send`` may be called from any thread. Frames from one thread to one peer keep
 their order (one outgoing connection per peer, FIFO callback queue), which gives Monarch's
-per-sender FIFO guarantee, across a dropped connection too: the frames it never wrote go first
-on the one replacing it, and the receiver routes a peer's new connection's frames only once
-the old one delivered what it carried (``behind``).
+per-sender FIFO guarantee, across a dropped connection too: the frames it wrote there that the
+peer says it never read (a reset discards what the kernels held), and those it never wrote, go
+first on the one replacing it, and the receiver routes a peer's new connection's frames only
+once the old one delivered what it carried (``behind``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from monarch._src.transport import address as addresses
 from monarch._src.transport import auth, tls
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
-from monarch._src.transport.outgoing import OutgoingConnection
+from monarch._src.transport.outgoing import Kept, OutgoingConnection
 from monarch._src.wire import protocol
 from monarch._src.wire.frame import FrameTooLargeError, HeaderTemplate, encode_each, encode_frame, header_of
 from monarch._src.wire.protocol import (
@@ -46,6 +47,7 @@ from monarch._src.wire.protocol import (
     PREVIOUS_KNOWN_FROM,
     PREVIOUS_REPLIES,
     PREVIOUS_REPORTS,
+    PREVIOUS_RESENT_FROM,
     REPLY_PORT,
     SENDER,
     SHM_GIVE_BACK_KIND,
@@ -71,8 +73,9 @@ FramesLostCallback = Callable[[str, BaseException, bool], "Callable[[frozenset[i
 RepliesLostCallback = Callable[[str, BaseException, list[int]], None]
 #: What a peer's hello says of its previous connection: frames written, the index from which
 #: the next two are complete, ``[[index, port id], ...]`` of its replies, ``[[index, header],
-#: ...]`` of its failure reports.
-Previous = tuple[int, int, list, list]
+#: ...]`` of its failure reports, the index from which it sends again the frames not read
+#: (None: it sends none again).
+Previous = tuple[int, int, list, list, "int | None"]
 
 
 @dataclass
@@ -137,8 +140,9 @@ class Runtime:
         self._replies_lost: list[RepliesLostCallback] = []
         #: Each peer's open connection to this process (the latest one that said hello).
         self._from_peer: dict[tuple[str, str], IncomingConnection] = {}
-        #: What a peer said in its hello about its previous connection, while that one is open.
-        self._said_before: dict[IncomingConnection, Previous] = {}
+        #: What a peer said in its hello about its previous connection, while that one is open,
+        #: and the connection it said it on (told what was read of the previous one).
+        self._said_before: dict[IncomingConnection, tuple[Previous, IncomingConnection]] = {}
         #: Peers' connections that closed, until the peer's next hello settles what was lost.
         self._drops: dict[tuple[str, str], _Drop] = {}
         #: A peer's new connection whose frames wait for its old one (the key), until it closed.
@@ -467,18 +471,20 @@ class Runtime:
             # stays listed until replaced when it had been authenticated), and which were
             # replies, so that it can tell which of them it lost.
             previous = None
-            resend: tuple[list, list] = ([], [])
+            resend = None
             when_alive: Callable[[OutgoingConnection], None] | None = None
             if conn is not None:
                 if conn.authenticated:
                     # The frames it never wholly wrote go first on the new one, before any
-                    # newer frame (none can be sent on it before it is listed, below).
-                    resend = conn.take_held()
+                    # newer frame (none can be sent on it before it is listed, below), after
+                    # those it wrote that the peer did not read, if it kept them.
+                    resend = conn.take_unread()
                     when_alive = self._replacing(address, conn)
                 known_from, tagged = conn.sent_tags()
                 replies = [entry for entry in tagged if entry[1].__class__ is int]
                 reports = [entry for entry in tagged if entry[1].__class__ is dict]
-                previous = (conn.frames_sent, known_from, replies, reports)
+                resent_from = resend.written_from if resend is not None else None
+                previous = (conn.frames_sent, known_from, replies, reports, resent_from)
             hello = encode_frame(peer_hello(self.address, previous), [], self.max_frame_bytes)
             new = self._new_outgoing(
                 address,
@@ -503,9 +509,28 @@ class Runtime:
         on_alive = self._when_found_alive(address, reason, replies=False)
 
         def found_alive(new: OutgoingConnection) -> None:
+            logger.warning("connection to %s re-established after: %s", address, reason)
+            if new.unread_lost == 0:  # every message the peer did not read goes again
+                return
+            if new.unread_lost is None:
+                logger.warning(
+                    "%s could not tell which messages it read of the connection that closed: "
+                    "calls among them fail; other messages may be lost",
+                    address,
+                )
+            else:
+                logger.error(
+                    "%d messages written to %s were never read there, and this process no longer "
+                    "kept them to send again: calls among them fail; the other messages are lost\n"
+                    "HINT: MONARCH_RESEND_KEEP_MESSAGES and MONARCH_RESEND_KEEP_BYTES (%d, %d) bound "
+                    "what it keeps of the messages its peers have not acknowledged.",
+                    new.unread_lost,
+                    address,
+                    CONFIG.resend_keep_messages,
+                    CONFIG.resend_keep_bytes,
+                )
             spared = _reply_ports(new.queued_at_handshake)
             _run_each([functools.partial(fn, spared) for fn in on_alive])
-            logger.warning("connection to %s re-established after: %s", address, reason)
 
         return found_alive
 
@@ -515,7 +540,7 @@ class Runtime:
         on_close: Callable[[OutgoingConnection, BaseException], None],
         name: str,
         greeting: list | None = None,
-        resend: tuple[list, list] = ([], []),
+        resend: Kept | None = None,
     ) -> OutgoingConnection:
         return OutgoingConnection(
             self.loop,
@@ -528,6 +553,7 @@ class Runtime:
             tls=self._tls.client if self._tls else None,
             greeting=greeting,
             resend=resend,
+            keep=(CONFIG.resend_keep_messages, CONFIG.resend_keep_bytes),
         )
 
     def _outgoing_closed(self, address: str, conn: OutgoingConnection, reason: BaseException) -> None:
@@ -540,7 +566,7 @@ class Runtime:
             # (the new one replaces it in ``_conns``, unless a sender's ``_connect`` did first).
             self._connect(address)
             return
-        self._unsent(address, conn.take_held()[0], reason)
+        self._unsent(address, conn.take_held()[0][conn.written_before :], reason)
         if self.closed:
             return
         for cb in list(self._peer_lost):
@@ -597,6 +623,7 @@ class Runtime:
             route(header, bodies)
             return
         conn.peer = sender
+        conn.start_acks()
         link = _link(conn)
         before = self._from_peer.get(link)
         self._from_peer[link] = conn
@@ -608,16 +635,21 @@ class Runtime:
             header.get(PREVIOUS_KNOWN_FROM, 0),
             header.get(PREVIOUS_REPLIES) or [],
             header.get(PREVIOUS_REPORTS) or [],
+            header.get(PREVIOUS_RESENT_FROM),
         )
+        # The peer waits to hear how many frames of the previous connection were read.
+        conn.read_count_due = said[4] is not None
         if before is not None and not before.closed:
-            self._said_before[before] = said  # its close, still to come here, settles it
+            self._said_before[before] = (said, conn)  # its close, still to come here, settles it
             self._queue_behind(conn, before, frames, route)
             return
         drop = self._drops.pop(link, None)
         if drop is not None:
             if drop.timer is not None:
                 drop.timer.cancel()
-            self._settle(sender, drop, said)
+            self._settle(sender, drop, said, conn)
+        else:  # no record of it (its hello never read here, say)
+            conn.tell_read(None)
 
     def _queue_behind(
         self, conn: IncomingConnection, before: IncomingConnection, written: int, route: Handler
@@ -626,6 +658,8 @@ class Runtime:
         may still have frames to read, older than ``conn``'s: ``conn``'s wait (``behind``)."""
         if before.frames_read - 1 < written:  # its hello is not counted
             self._behind[before] = Behind(self.loop, conn, before, written, route, self._route_held)
+        else:
+            conn.tell_read(written)
 
     def _route_held(self, route: Handler, frames: list[tuple[dict, list]]) -> None:
         """Route frames that waited (``behind``), as the frames of a read."""
@@ -657,7 +691,7 @@ class Runtime:
         drop = _Drop(read=conn.frames_read - 1, reason=reason, cut=conn.cut_off)  # its hello is not counted
         said = self._said_before.pop(conn, None)
         if said is not None:
-            self._settle(peer, drop, said)
+            self._settle(peer, drop, *said)
             waiting = self._behind.pop(conn, None)
             if waiting is not None:
                 waiting.release()
@@ -671,11 +705,16 @@ class Runtime:
         self._drops[link] = drop
         drop.timer = self.loop.call_later(CONFIG.peer_unreachable_s, self._no_hello, link, drop)
 
-    def _settle(self, peer: str, drop: _Drop, said: Previous) -> None:
-        """``peer`` said it wrote ``frames`` frames on the connection that dropped, which were
-        replies and failure reports from index ``known_from`` on: deliver the reports this
-        process did not read, and tell the upper layers which replies were lost."""
-        frames, known_from, replies, reports = said
+    def _settle(self, peer: str, drop: _Drop, said: Previous, teller: IncomingConnection) -> None:
+        """``peer`` said (on ``teller``) it wrote ``frames`` frames on the connection that
+        dropped, which were replies and failure reports from index ``known_from`` on, and that it
+        sends again those from ``resent_from`` on that this process did not read: tell it how many
+        were read, deliver the reports this process did not read and will not get again, and
+        tell the upper layers which replies were lost."""
+        frames, known_from, replies, reports, resent_from = said
+        teller.tell_read(drop.read)
+        if resent_from is not None:  # what it still kept comes again: only the older are lost
+            frames = max(drop.read, min(frames, resent_from))
         if drop.cut is not None and frames > drop.read:
             # The peer wrote the frame cut off here (or began to): it does not send it again.
             self._reject(*drop.cut)

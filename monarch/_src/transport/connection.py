@@ -13,6 +13,9 @@ holds only a few bytes of buffer. A bad handshake or malformed header closes onl
 connection, with a logged reason. A well-formed frame this process cannot take (over the size
 limit, or no memory for its body) is skipped, and its header handed to ``on_reject``, so its
 sender hears why; the connection stays usable.
+
+The only bytes it writes back after the handshake are the counts of frames read
+(``read_count``), which let the sender keep only what it may have to send again.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import os
 from collections.abc import Callable
 from typing import Any, cast
 
-from monarch._src.transport import auth, tls
+from monarch._src.transport import auth, read_count, tls
 from monarch._src.wire.frame import (
     BODY_LENGTHS,
     MAX_HEADER_BYTES,
@@ -100,6 +103,13 @@ class IncomingConnection(asyncio.BufferedProtocol):
         #: Frames decoded (handed to ``on_frame``) or rejected (handed to ``on_reject``): what
         #: the peer wrote and this side accounted for, compared with what it says it sent.
         self.frames_read = 0
+        #: Bytes read from the socket (after the handshake's): they, and ``frames_read``, say
+        #: when the next ``read_count.ACK`` is due (never, until ``start_acks``).
+        self._bytes_read = 0
+        self._ack_at_frame = self._ack_at_byte = 1 << 62
+        #: Set by the owner when the peer's hello asks how many frames of the connection this
+        #: one replaces were read; cleared once told (``tell_read``).
+        self.read_count_due = False
         # Just the client's proof until the peer is authenticated (see _auth_step).
         self._buf = bytearray(auth.CLIENT_PROOF_BYTES)
         self._start = 0
@@ -162,6 +172,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._bytes_read += nbytes
         if self._target is not None:
             self._target_pos += nbytes
             if self._target_pos < self._target_size:
@@ -175,8 +186,34 @@ class IncomingConnection(asyncio.BufferedProtocol):
         except (FrameError, auth.HandshakeError) as e:
             self.abort(e)
         finally:
+            if self.frames_read >= self._ack_at_frame or self._bytes_read >= self._ack_at_byte:
+                self._ack()
             if self._on_read_done is not None:
                 self._on_read_done()
+
+    # -- telling the sender what was read (see ``read_count``) --------------------------------
+
+    def start_acks(self) -> None:
+        """(once the peer's hello was read) Acknowledge the frames read from now on, so that the
+        peer keeps only those it may have to send again."""
+        self._ack_at_frame = self.frames_read + read_count.ACK_FRAMES
+        self._ack_at_byte = self._bytes_read + read_count.ACK_BYTES
+
+    def _ack(self) -> None:
+        self._ack_at_frame = self.frames_read + read_count.ACK_FRAMES
+        self._ack_at_byte = self._bytes_read + read_count.ACK_BYTES
+        self._write_back(read_count.ACK, self.frames_read - 1)  # its hello is not counted
+
+    def tell_read(self, count: int | None) -> None:
+        """Tell the peer how many frames of its previous connection were read (None: unknown),
+        if its hello asked (``read_count_due``); once."""
+        if self.read_count_due:
+            self.read_count_due = False
+            self._write_back(read_count.PREVIOUS, read_count.UNKNOWN if count is None else count)
+
+    def _write_back(self, kind: bytes, count: int) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(read_count.RECORD.pack(kind, count))
 
     def eof_received(self) -> bool:
         return False

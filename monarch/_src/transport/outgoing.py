@@ -26,12 +26,15 @@ at once. Either way the connection then closes with a reason (``PeerGoneError``,
 A connection that fails keeps the frames it never wholly handed to the kernel (``take_held``):
 corked, queued behind a full socket buffer, queued before the handshake, or cut in the middle
 by the failure (a frame written in part is kept whole). The peer cannot have read any of them,
-as a frame is read only once its last byte arrives. After the handshake, its owner sends them
-first on the connection that replaces it, in their order, and counts only the others as written
-on this one: whether those arrived only the peer knows (the runtime's peer hello). Before it
-(the peer is gone or unreachable), its owner reports them. Held frames are the queue's own
-buffers, never copies; the cost on the send path is one append per queued frame, and a few
-operations per write of the queue.
+as a frame is read only once its last byte arrives. It also keeps those it wrote until the peer
+says it read them (``read_count``: an acknowledgement every few hundred frames), within bounds
+(``keep``): a reset discards what the kernels hold, which the peer never reads. After the
+handshake, its owner sends them on the connection that replaces it (``take_unread``), whose
+greeting asks the peer how many of the written ones it read: only the others go again, first,
+in their order, then the held ones, then any newer frame; those it no longer kept are counted
+(``unread_lost``) for its owner to report. Before it (the peer is gone or unreachable), its
+owner reports the held ones. Kept frames are the queue's own buffers, never copies; the cost on
+the send path is an append or two per frame, and a few operations per write of the queue.
 
 A write that wakes a sleeping peer costs tens of microseconds of CPU, so a thread sending a
 burst (frames less than ``BURST_GAP_S`` apart) corks: its frames queue up and go out in one
@@ -50,9 +53,9 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from monarch._src.transport import auth
+from monarch._src.transport import auth, read_count
 from monarch._src.transport.address import TcpAddress, parse
 from monarch._src.transport.cork import note_corked
 from monarch._src.transport.tls import HINT as TLS_HINT
@@ -98,6 +101,28 @@ def _nbytes(buffer: Any) -> int:
     return len(buffer) if type(buffer) is bytes else memoryview(buffer).nbytes
 
 
+def _frame_bytes(frame: list[Any]) -> int:
+    head = frame[0]
+    if len(frame) == 1 and type(head) is bytes:  # most frames: small ones are joined (``frame``)
+        return len(head)
+    return sum(map(_nbytes, frame))
+
+
+class Kept(NamedTuple):
+    """What a closed connection hands to the one replacing it (``take_unread``)."""
+
+    #: Frames (lists of buffers), oldest first: those it wrote and kept, then those it never
+    #: wholly wrote.
+    frames: list[list[Any]]
+    #: ``(index among frames, tag)`` of the tagged ones.
+    tags: list[tuple[int, Any]]
+    #: The index, on the closed connection, of the first frame; None when it wrote none of them
+    #: (then ``written`` is 0, and the peer need not be asked what it read).
+    written_from: int | None
+    #: How many of the first frames it had written.
+    written: int
+
+
 class OutgoingConnection:
     """Frames to one peer address; ``send`` is thread-safe and never blocks."""
 
@@ -112,11 +137,18 @@ class OutgoingConnection:
         unreachable_timeout_s: float,
         tls: ssl.SSLContext | None = None,
         greeting: list[Any] | None = None,
-        resend: tuple[list[list[Any]], list[tuple[int, Any]]] = ([], []),
+        resend: Kept | None = None,
+        keep: tuple[int, int] = (0, 0),
     ) -> None:
         """``greeting``: the buffers of a frame that goes first (it is not in ``frames_sent``);
-        ``resend``: frames held by the connection this one replaces, and their tags
-        (``take_held``), which go next, as this connection's first frames."""
+        ``resend``: frames kept by the connection this one replaces, their tags, and the index
+        there of the first (``take_unread``), which go next, as this connection's first frames.
+        If that index is not None, the first of them were written there, and only those the peer
+        did not read are sent (it says which in answer to the greeting, ``read_count``): until
+        then only the greeting goes out. ``keep``: how many frames, and bytes, it keeps after
+        writing them until the peer says it read them (the oldest are forgotten beyond either):
+        more than both kernels' socket buffers and an acknowledgement's interval hold, so that
+        only a peer that reads nothing for long makes it forget frames it may have to resend."""
         self._loop = loop
         self._loop_ident = loop_ident
         self._address = parse(address)
@@ -131,12 +163,31 @@ class OutgoingConnection:
         self.when_authenticated: list[Callable[[], None]] = []
         #: While ``when_authenticated`` runs: the frames sent on it until then (none written).
         self.queued_at_handshake: list[list[Any]] = []
+        #: Of the frames the connection it replaces wrote, how many the peer did not read and
+        #: this one does not send again (forgotten: see ``keep``); None if the peer could
+        #: not tell. Set before ``when_authenticated`` runs.
+        self.unread_lost: int | None = 0
         self._unreachable_timeout_s = unreachable_timeout_s
         self._retry_delay = RETRY_FIRST_S
         self._last_error: BaseException | None = None
         self.name = name
         self._lock = threading.Lock()
         self._queue: collections.deque[Any] = collections.deque(greeting or ())  # buffers, as sent
+        #: Frames sent before it is writable (``_writable``: authenticated, and the peer told
+        #: what it read of the previous connection when asked), oldest first.
+        resend = resend or Kept([], [], None, 0)
+        self._waiting: collections.deque[list[Any]] = collections.deque(resend.frames)
+        self._writable = False
+        #: What the connection this one replaces wrote and kept (``Kept``): the peer is asked
+        #: which of those it read.
+        self._resend_from, self._resend_written = resend.written_from, resend.written
+        #: Written frames kept for a resend, the first of them frame ``_retained_from`` (all
+        #: before it were read, or forgotten), until the peer read them; and their bytes (and
+        #: those of the frame being written, counted as they are written).
+        self._retained: collections.deque[list[Any]] = collections.deque()
+        self._retained_from = 0
+        self._retained_bytes = 0
+        self._keep_frames, self._keep_bytes = keep
         #: The frames (their lists of buffers, as sent) with buffers in ``_queue``, oldest first
         #: (the queue holds their buffers but the oldest one's first ``_head_written``), so that
         #: a failure can tell which frames were never wholly written. Trimmed after writes.
@@ -145,9 +196,6 @@ class OutgoingConnection:
         self._head_written = 0
         #: After a failure: the frames never wholly handed to the kernel (see ``take_held``).
         self._held: list[list[Any]] = []
-        for frame in resend[0]:
-            self._queue.extend(frame)
-            self._frames.append(frame)
         self._sock: socket.socket | None = None  # an ssl.SSLSocket under TLS
         self._writer_registered = False
         self._flush_scheduled = False
@@ -160,9 +208,9 @@ class OutgoingConnection:
         self.authenticated = False
         self.closed = False
         #: Frames handed to ``send`` (what a test or benchmark counts per peer), or resent.
-        self.frames_sent = len(resend[0])
+        self.frames_sent = len(resend.frames)
         #: ``(frame index, tag)`` of the latest frames sent with a tag (see ``sent_tags``).
-        self._tags: collections.deque[tuple[int, Any]] = collections.deque(resend[1], maxlen=TAG_RECORD)
+        self._tags: collections.deque[tuple[int, Any]] = collections.deque(resend.tags, maxlen=TAG_RECORD)
         #: Set once held frames' tags left ``_tags`` (``take_held``): from where it is complete.
         self._tags_known_from: int | None = None
         self.close_reason: BaseException | None = None
@@ -185,13 +233,16 @@ class OutgoingConnection:
             if tag is not None:
                 self._tags.append((self.frames_sent, tag))
             self.frames_sent += 1
+            if not self._writable:  # the handshake's end (``_open``) queues it
+                self._waiting.append(buffers)
+                return
             q = self._queue
             ident = threading.get_ident()
             on_loop = ident == self._loop_ident
-            if not self.authenticated or q or self._flush_scheduled:
+            if q or self._flush_scheduled:
                 q.extend(buffers)
                 self._frames.append(buffers)
-                if not on_loop and self.authenticated:  # else the handshake's end flushes it
+                if not on_loop:
                     self._last_corked = time.monotonic()
                     if len(q) >= CORK_BUFFERS:
                         self._write_queued()
@@ -223,6 +274,7 @@ class OutgoingConnection:
                 self._frames.append(buffers)
                 call_soon(self._fail, e)
                 return
+            size = sent
             for b in buffers:  # what the kernel did not take is queued
                 n = len(b) if type(b) is bytes else memoryview(b).nbytes  # (``_nbytes``, inline)
                 if sent >= n:
@@ -230,11 +282,17 @@ class OutgoingConnection:
                     continue
                 q.append(memoryview(b).cast("B")[sent:] if sent else b)
                 sent = 0
+            self._retained_bytes += size
             if q:
                 self._frames.append(buffers)
                 self._head_written = len(buffers) - len(q)  # the queue was empty
                 self._flush_scheduled = True
                 call_soon(self._flush)
+                return
+            retained = self._retained  # written whole: kept until the peer read it
+            retained.append(buffers)
+            if len(retained) > self._keep_frames or self._retained_bytes > self._keep_bytes:
+                self._forget(0)
 
     def _write_queued(self) -> bool:
         """Write queued buffers until the kernel is full (lock held); False if the socket failed.
@@ -243,7 +301,7 @@ class OutgoingConnection:
         is registered whenever the queue is not empty.
         """
         q = self._queue
-        popped = 0
+        popped = total = 0
         failed: OSError | None = None
         while q:
             batch = [q[i] for i in range(min(len(q), MAX_IOV))]
@@ -254,24 +312,47 @@ class OutgoingConnection:
             except OSError as e:  # what is still queued is held (``_hold_unwritten``)
                 failed = e
                 break
+            total += sent
             while q and _nbytes(q[0]) <= sent:  # empty buffers (b"" bodies) go here too
                 sent -= _nbytes(q.popleft())
                 popped += 1
             if sent:
                 q[0] = memoryview(q[0]).cast("B")[sent:]
         frames = self._frames
+        retained = self._retained  # the frames wholly written move there
         if not q:
+            retained.extend(frames)
             frames.clear()
             self._head_written = 0
-        elif popped:  # forget the frames wholly written
+        elif popped:
             written = self._head_written + popped
             while frames and len(frames[0]) <= written:
-                written -= len(frames.popleft())
+                written -= len(frame := frames.popleft())
+                retained.append(frame)
             self._head_written = written
+        self._retained_bytes += total
+        if self._greeting is not None and retained and retained[0] is self._greeting:
+            retained.popleft()  # not counted: a new connection has its own
+            self._retained_bytes -= _frame_bytes(self._greeting)
+            self._greeting = None
+        if len(retained) > self._keep_frames or self._retained_bytes > self._keep_bytes:
+            self._forget(0)
         if failed is not None:
             self._loop.call_soon_threadsafe(self._fail, failed)
             return False
         return True
+
+    def _forget(self, read: int) -> None:
+        """(lock held) Stop keeping the frames the peer read (the first ``read`` of this
+        connection), and the oldest beyond the bounds (``keep``)."""
+        retained = self._retained
+        while retained and (
+            self._retained_from < read
+            or len(retained) > self._keep_frames
+            or self._retained_bytes > self._keep_bytes
+        ):
+            self._retained_bytes -= _frame_bytes(retained.popleft())
+            self._retained_from += 1
 
     def _hold_unwritten(self) -> None:
         """(lock held, closing) Keep the frames with a buffer still queued, whole, for
@@ -280,7 +361,8 @@ class OutgoingConnection:
         held = list(self._frames) if self._queue else []
         if held and held[0] is self._greeting:  # the new connection has its own
             del held[0]
-        self._held = held
+        self._held = held + list(self._waiting)
+        self._waiting.clear()
         self._frames.clear()
         self._queue.clear()
 
@@ -299,6 +381,26 @@ class OutgoingConnection:
                 self._tags.pop()
             self.frames_sent = base
         return held, tags
+
+    def take_unread(self) -> Kept:
+        """Once closed: ``take_held``, with the frames it wrote and still keeps before them (the
+        peer may not have read them: the connection replacing it asks, ``read_count``)."""
+        held, tags = self.take_held()
+        with self._lock:
+            first = self._retained_from
+            written = list(self._retained)
+            self._retained.clear()
+            self._retained_bytes = 0
+            kept = [(index - first, tag) for index, tag in self._tags if first <= index < self.frames_sent]
+        kept += [(index + len(written), tag) for index, tag in tags]
+        return Kept(written + held, kept, first, len(written))
+
+    @property
+    def written_before(self) -> int:
+        """How many of the first frames ``take_held`` hands out the connection this one replaces
+        had written (the peer may have read them): those it was to send again, had the peer
+        not read them, if it never got to ask the peer."""
+        return 0 if self._writable else self._resend_written
 
     def sent_tags(self) -> tuple[int, list[list[Any]]]:
         """``(known from, [[frame index, tag], ...])``: the tagged frames sent, complete from
@@ -352,7 +454,7 @@ class OutgoingConnection:
     async def drained(self) -> None:
         """Wait until every queued frame was handed to the kernel (or the connection closed)."""
         with self._lock:
-            if self.closed or (self.authenticated and not self._queue):
+            if self.closed or (self._writable and not self._queue):
                 return
             fut = self._loop.create_future()
             self._drain_waiters.append(fut)
@@ -509,10 +611,10 @@ class OutgoingConnection:
         if not data:
             self._hung_up(ConnectionResetError(f"connection {self.name} closed by peer"))
             return
-        if self.authenticated:
-            self._fail(auth.HandshakeError(f"peer {self.name} sent data on a send-only connection"))
-            return
         self._handshake += data
+        if self.authenticated:
+            self._read_counts()
+            return
         if not self._nonce_s and self._handshake[:4] == auth.TLS_ONLY[:4]:
             self._fail(
                 TlsError(
@@ -582,18 +684,86 @@ class OutgoingConnection:
             self._timer.cancel()
         if self._last_error is not None:
             logger.warning("reached %s", self.name)
+        self._handshake.clear()  # from now on: the peer's ``read_count`` records
         with self._lock:
             self.authenticated = True
-            # Nothing was written on it yet, and other threads may write from now on.
-            self.queued_at_handshake = list(self._frames) if self.when_authenticated else []
-            if self._queue:
+            if self._queue:  # the greeting
                 self._flush_scheduled = True
                 self._loop.call_soon(self._flush)
+        if self._resend_from is None:
+            self._open()
+        else:  # the peer answers the greeting once the previous connection is settled there
+            self._timer = self._loop.call_later(self._unreachable_timeout_s, self._not_told)
+
+    def _open(self) -> None:
+        """(loop thread) The connection is ready: the frames sent until now go out, and any
+        thread may write from now on."""
+        with self._lock:
+            waiting = self._waiting
+            # Nothing but the greeting was written on it yet.
+            self.queued_at_handshake = list(waiting) if self.when_authenticated else []
+            for frame in waiting:
+                self._queue.extend(frame)
+                self._frames.append(frame)
+            waiting.clear()
+            self._writable = True
+            if self._queue:
+                if not self._flush_scheduled:
+                    self._flush_scheduled = True
+                    self._loop.call_soon(self._flush)
             else:
                 self._wake_drain_waiters()
         for fn in self.when_authenticated:
             fn()
         self.queued_at_handshake = []
+
+    def _read_counts(self) -> None:
+        """(loop thread) Act on the peer's ``read_count`` records received."""
+        record = read_count.RECORD
+        data = self._handshake
+        while len(data) >= record.size:
+            kind, count = record.unpack_from(data)
+            del data[: record.size]
+            if kind == read_count.ACK:
+                with self._lock:
+                    self._forget(count)
+            elif kind == read_count.PREVIOUS and self._resend_from is not None and not self._writable:
+                self._told(None if count == read_count.UNKNOWN else count)
+            else:
+                self._fail(
+                    auth.HandshakeError(f"peer {self.name} sent unexpected data on a send-only connection")
+                )
+                return
+
+    def _told(self, read: int | None) -> None:
+        """The peer read ``read`` frames of the previous connection (None: it cannot tell): of
+        those that connection wrote and kept, send only the others."""
+        if self._timer is not None:
+            self._timer.cancel()
+        first, written = self._resend_from, self._resend_written
+        assert first is not None
+        if read is None:  # unknown: none is sent again (it may have been read)
+            skip, self.unread_lost = written, None
+        else:
+            skip = min(max(read - first, 0), written)
+            self.unread_lost = max(first - read, 0)
+        with self._lock:
+            for _ in range(skip):
+                self._waiting.popleft()
+            if skip:
+                self.frames_sent -= skip
+                tags = [(index - skip, tag) for index, tag in self._tags if index >= skip]
+                self._tags = collections.deque(tags, maxlen=TAG_RECORD)
+        self._open()
+
+    def _not_told(self) -> None:
+        if not self._writable:
+            self._fail(
+                PeerUnreachableError(
+                    f"{self.name} did not say within {self._unreachable_timeout_s}s which messages of "
+                    "the connection this one replaces it read"
+                )
+            )
 
     # -- closing ----------------------------------------------------------------------------
 

@@ -144,6 +144,9 @@ PREVIOUS_REPORTS = "r"
 #: PEER_HELLO: the first frame index from which ``PREVIOUS_REPLIES`` and ``PREVIOUS_REPORTS``
 #: are complete.
 PREVIOUS_KNOWN_FROM = "f"
+#: PEER_HELLO: the index of the first of those frames the sender keeps and sends again if the
+#: receiver did not read them: it waits for the receiver's count (``transport.read_count``).
+PREVIOUS_RESENT_FROM = "w"
 #: SHM_GIVE_BACK: names of the files given back.
 FILE_NAMES = "n"
 #: RDMA: what is asked (one of the ``RDMA_*`` operations below).
@@ -216,7 +219,14 @@ FIELDS: dict[int, tuple[str, ...]] = {
     FORWARD_KIND: (ACTOR, ENDPOINT, REPLY_PORT, EXTENT, TARGETS, SENDER, GATHER),
     PORT_BATCH_KIND: (PORT_ID, REPLIES),
     RDMA_KIND: (RDMA_OP, RDMA_BUFFER, REPLY_PORT, RDMA_OFFSET, RDMA_LENGTH, RDMA_TIMEOUT),
-    PEER_HELLO_KIND: (SENDER, PREVIOUS_FRAMES, PREVIOUS_REPLIES, PREVIOUS_REPORTS, PREVIOUS_KNOWN_FROM),
+    PEER_HELLO_KIND: (
+        SENDER,
+        PREVIOUS_FRAMES,
+        PREVIOUS_REPLIES,
+        PREVIOUS_REPORTS,
+        PREVIOUS_KNOWN_FROM,
+        PREVIOUS_RESENT_FROM,
+    ),
     SHM_GIVE_BACK_KIND: (FILE_NAMES,),
 }
 
@@ -356,13 +366,15 @@ def port_batch(port_id: int, replies: list[list[int]]) -> dict[str, Any]:
     return {KIND: PORT_BATCH_KIND, PORT_ID: port_id, REPLIES: replies}
 
 
-def peer_hello(sender: str, previous: tuple[int, int, list, list] | None = None) -> dict[str, Any]:
-    """``previous``: ``(frames, known from, replies, reports)`` of the sender's previous
-    connection."""
+def peer_hello(
+    sender: str, previous: tuple[int, int, list, list, int | None] | None = None
+) -> dict[str, Any]:
+    """``previous``: ``(frames, known from, replies, reports, resent from)`` of the sender's
+    previous connection."""
     if previous is None:
         return {KIND: PEER_HELLO_KIND, SENDER: sender}
-    frames, known_from, replies, reports = previous
-    return {
+    frames, known_from, replies, reports, resent_from = previous
+    hello = {
         KIND: PEER_HELLO_KIND,
         SENDER: sender,
         PREVIOUS_FRAMES: frames,
@@ -370,6 +382,9 @@ def peer_hello(sender: str, previous: tuple[int, int, list, list] | None = None)
         PREVIOUS_REPLIES: replies,
         PREVIOUS_REPORTS: reports,
     }
+    if resent_from is not None:
+        hello[PREVIOUS_RESENT_FROM] = resent_from
+    return hello
 
 
 def shm_give_back(names: list[str]) -> dict[str, Any]:
