@@ -173,3 +173,116 @@ def test_replies_lost_in_the_kernel_by_a_reset_are_sent_again(monkeypatch: pytes
             os.kill(pid, signal.SIGCONT)
         assert asker.answers.call_one().get(timeout=60) == list(range(CALLS * 100))
     assert faults == [], [f.report() for f in faults]
+
+
+#: Broadcasts the recorder reads before the first reset: fewer than the frames and bytes after
+#: which it acknowledges (``read_count.ACK_FRAMES``, ``ACK_BYTES``), so the sender still keeps
+#: them for a resend.
+READ_FIRST = 256
+
+
+class Sender(Where):
+    """Broadcasts to the recorder from a proc of its own, which the test can freeze."""
+
+    @endpoint
+    async def send(self, target: Any, first: int, n: int) -> None:
+        for seq in range(first, first + n):
+            target.record.broadcast(seq, PAD)
+
+    @endpoint
+    async def through(self, target: Any) -> None:
+        """Returns once the target ran every broadcast this proc sent it before."""
+        await target.echo.call_one(None)
+
+
+def sockets_to(pid: int, address: str) -> dict[int, int]:
+    """``{local port: bytes in its receive queue}`` of process ``pid``'s TCP connections to
+    ``address``."""
+    parsed = parse(address)
+    assert isinstance(parsed, TcpAddress)
+    command = ["ss", "-tnpH", "dst", parsed.host, "dport", "=", f":{parsed.port}"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True).stdout
+    lines = [line.split() for line in out.splitlines() if f"pid={pid}," in line]
+    return {int(f[3].rsplit(":", 1)[1]): int(f[1]) for f in lines}
+
+
+def received_from(address: str, port: int) -> int:
+    """Bytes in the receive queue of the connection at ``address`` from local port ``port``."""
+    parsed = parse(address)
+    assert isinstance(parsed, TcpAddress)
+    match = ["src", parsed.host, "sport", "=", f":{parsed.port}", "dport", "=", f":{port}"]
+    out = subprocess.run(
+        ["ss", "-tnH", *match], capture_output=True, text=True, timeout=10, check=True
+    ).stdout
+    return sum(int(line.split()[1]) for line in out.splitlines() if line.split())
+
+
+def reset(address: str, port: int) -> None:
+    """Abort the connection to ``address`` from local port ``port`` (``ss -K``; the peer gets a
+    reset)."""
+    parsed = parse(address)
+    assert isinstance(parsed, TcpAddress)
+    match = ["dst", parsed.host, "dport", "=", f":{parsed.port}", "sport", "=", f":{port}"]
+    done = subprocess.run(["ss", "-K", *match], capture_output=True, text=True, timeout=10)
+    if done.returncode != 0 or parsed.host not in done.stdout:
+        pytest.skip(f"cannot abort TCP connections with ss -K here: {done.stderr.strip()}")
+
+
+@pytest.mark.timeout(180)
+def test_a_second_reset_before_the_sender_read_the_count_resends_nothing_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The recorder read ``READ_FIRST`` broadcasts the sender still keeps, then the rest of a
+    burst piles up in the kernels (the recorder frozen) and the connection is reset. Both procs
+    are then frozen and resumed in turn, so that the replacement's handshake goes step by step,
+    until its hello waits in the recorder's receive queue: the replacement is reset there. The
+    recorder reads the hello and answers (the reset loses the answer), then the connection after
+    it asks again: the recorder answers with the count of all the frames it read (not of the
+    replacement's, which carried none, after which the read ones would run twice), and
+    every broadcast runs exactly once, in order."""
+    faults: list[MeshFailure] = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    record = tmp_path / "record"
+    with tcp_procs() as sender_procs, tcp_procs() as recorder_procs:
+        recorder = recorder_procs.spawn("recorder", Recorder, str(record))
+        sender = sender_procs.spawn("sender", Sender)
+        r_pid, address = recorder.where.call_one().get(timeout=30)
+        s_pid, _ = sender.where.call_one().get(timeout=30)
+        sender.send.call_one(recorder, 0, READ_FIRST).get(timeout=30)
+        sender.through.call_one(recorder).get(timeout=30)  # read, not yet acknowledged
+        freeze(r_pid)
+        try:
+            sender.send.call_one(recorder, READ_FIRST, BURST).get(timeout=30)
+            wait_until(lambda: in_kernel(address)[0], 10, "the recorder's receive queue to fill")
+            freeze(s_pid)
+            try:
+                (first,) = sockets_to(s_pid, address)
+                reset(address, first)
+                os.kill(s_pid, signal.SIGCONT)  # it connects anew and sends its nonce
+                (second,) = wait_until(
+                    lambda: [
+                        p for p in sockets_to(s_pid, address) if p != first and received_from(address, p)
+                    ],
+                    10,
+                    "the sender's new connection",
+                )
+                freeze(s_pid)
+                # Each side's turn in the handshake: challenge, proof, server proof, hello.
+                for runs in (r_pid, s_pid, r_pid, s_pid):
+                    os.kill(runs, signal.SIGCONT)
+                    if runs == r_pid:
+                        wait_until(lambda: sockets_to(s_pid, address).get(second), 10, "the recorder's turn")
+                    else:
+                        wait_until(lambda: received_from(address, second), 10, "the sender's turn")
+                    freeze(runs)
+                # The recorder reads the hello, then the reset: its count never gets out.
+                reset(address, second)
+            finally:
+                os.kill(s_pid, signal.SIGCONT)
+        finally:
+            os.kill(r_pid, signal.SIGCONT)
+        sender.through.call_one(recorder).get(timeout=60)
+    seen = [int(line) for line in record.read_text().split()]
+    twice = len(seen) - len(set(seen))
+    assert seen == list(range(READ_FIRST + BURST)), (len(seen), twice, seen[READ_FIRST - 2 : READ_FIRST + 2])
+    assert faults == [], [f.report() for f in faults]

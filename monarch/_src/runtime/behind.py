@@ -92,7 +92,7 @@ class Behind:
         if self._released:
             return
         self._released = True
-        self._new.tell_read(self._written)  # unless told already (``old`` ended: what it read)
+        self._new.tell_read(self._old.read_upto(self._written))  # unless told already (``old`` ended)
         self._old.on_frame = self._old_route
         self._new.on_frame = self._route
         frames, self._frames = self._frames, []

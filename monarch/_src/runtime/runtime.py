@@ -40,6 +40,7 @@ from monarch._src.transport.outgoing import Kept, OutgoingConnection
 from monarch._src.wire import protocol
 from monarch._src.wire.frame import FrameTooLargeError, HeaderTemplate, encode_each, encode_frame, header_of
 from monarch._src.wire.protocol import (
+    FIRST_INDEX,
     KIND,
     PEER_HELLO_KIND,
     PORT_ID,
@@ -85,6 +86,8 @@ class _Drop:
 
     read: int
     reason: BaseException
+    #: What the peer is told was read of all it sent (``IncomingConnection.read_upto``).
+    upto: int | None = None
     #: The frame the drop cut off (``IncomingConnection.cut_off``): reported as undeliverable
     #: unless the peer's hello shows it sends it again (it had not written all of it).
     cut: tuple[dict, BaseException] | None = None
@@ -472,6 +475,7 @@ class Runtime:
             # replies, so that it can tell which of them it lost.
             previous = None
             resend = None
+            first_index = 0
             when_alive: Callable[[OutgoingConnection], None] | None = None
             if conn is not None:
                 if conn.authenticated:
@@ -485,13 +489,16 @@ class Runtime:
                 reports = [entry for entry in tagged if entry[1].__class__ is dict]
                 resent_from = resend.written_from if resend is not None else None
                 previous = (conn.frames_sent, known_from, replies, reports, resent_from)
-            hello = encode_frame(peer_hello(self.address, previous), [], self.max_frame_bytes)
+                # Its frames are numbered on from the previous one's (``read_count``).
+                first_index = conn.first_index + conn.frames_sent if resend is None else resend.first_index
+            hello = encode_frame(peer_hello(self.address, previous, first_index), [], self.max_frame_bytes)
             new = self._new_outgoing(
                 address,
                 on_close=lambda c, reason: self._outgoing_closed(address, c, reason),
                 name=address,
                 greeting=hello,
                 resend=resend,
+                first_index=first_index,
             )
             if when_alive is not None:
                 new.when_authenticated.append(functools.partial(when_alive, new))
@@ -541,6 +548,7 @@ class Runtime:
         name: str,
         greeting: list | None = None,
         resend: Kept | None = None,
+        first_index: int = 0,
     ) -> OutgoingConnection:
         return OutgoingConnection(
             self.loop,
@@ -554,6 +562,7 @@ class Runtime:
             greeting=greeting,
             resend=resend,
             keep=(CONFIG.resend_keep_messages, CONFIG.resend_keep_bytes),
+            first_index=first_index,
         )
 
     def _outgoing_closed(self, address: str, conn: OutgoingConnection, reason: BaseException) -> None:
@@ -623,6 +632,7 @@ class Runtime:
             route(header, bodies)
             return
         conn.peer = sender
+        conn.first_index = header.get(FIRST_INDEX, 0)
         conn.start_acks()
         link = _link(conn)
         before = self._from_peer.get(link)
@@ -659,7 +669,7 @@ class Runtime:
         if before.frames_read - 1 < written:  # its hello is not counted
             self._behind[before] = Behind(self.loop, conn, before, written, route, self._route_held)
         else:
-            conn.tell_read(written)
+            conn.tell_read(before.read_upto(written))
 
     def _route_held(self, route: Handler, frames: list[tuple[dict, list]]) -> None:
         """Route frames that waited (``behind``), as the frames of a read."""
@@ -688,7 +698,8 @@ class Runtime:
         if self._from_peer.get(link) is conn:
             del self._from_peer[link]
         reason = reason or ConnectionResetError(f"connection from {peer} closed")
-        drop = _Drop(read=conn.frames_read - 1, reason=reason, cut=conn.cut_off)  # its hello is not counted
+        read = conn.frames_read - 1  # its hello is not counted
+        drop = _Drop(read=read, reason=reason, cut=conn.cut_off, upto=conn.read_upto(read))
         said = self._said_before.pop(conn, None)
         if said is not None:
             self._settle(peer, drop, *said)
@@ -712,7 +723,7 @@ class Runtime:
         were read, deliver the reports this process did not read and will not get again, and
         tell the upper layers which replies were lost."""
         frames, known_from, replies, reports, resent_from = said
-        teller.tell_read(drop.read)
+        teller.tell_read(drop.upto)
         if resent_from is not None:  # what it still kept comes again: only the older are lost
             frames = max(drop.read, min(frames, resent_from))
         if drop.cut is not None and frames > drop.read:

@@ -110,6 +110,10 @@ class IncomingConnection(asyncio.BufferedProtocol):
         #: Set by the owner when the peer's hello asks how many frames of the connection this
         #: one replaces were read; cleared once told (``tell_read``).
         self.read_count_due = False
+        #: The number of this connection's first frame among all those the peer sent to this
+        #: process (its hello says; moved on past those the peer did not send again once told
+        #: what was read, ``tell_read``): what it read of them all is told in those terms.
+        self.first_index = 0
         # Just the client's proof until the peer is authenticated (see _auth_step).
         self._buf = bytearray(auth.CLIENT_PROOF_BYTES)
         self._start = 0
@@ -205,11 +209,21 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self._write_back(read_count.ACK, self.frames_read - 1)  # its hello is not counted
 
     def tell_read(self, count: int | None) -> None:
-        """Tell the peer how many frames of its previous connection were read (None: unknown),
-        if its hello asked (``read_count_due``); once."""
+        """Tell the peer how many of the frames it sent were read (``read_upto`` of its previous
+        connection; None: unknown), if its hello asked (``read_count_due``); once. The peer
+        sends again those after them that it kept, which this connection's frames are from
+        then on numbered from."""
         if self.read_count_due:
             self.read_count_due = False
+            if count is not None:
+                self.first_index = max(self.first_index, count)
             self._write_back(read_count.PREVIOUS, read_count.UNKNOWN if count is None else count)
+
+    def read_upto(self, read: int) -> int | None:
+        """How many frames the peer sent, on every connection, were read when ``read`` of this
+        connection's were; None while its hello's question is unanswered (how many of those
+        before it were read is then known only by the connection it replaced, if any)."""
+        return None if self.read_count_due else self.first_index + read
 
     def _write_back(self, kind: bytes, count: int) -> None:
         if self.transport is not None and not self.closed:

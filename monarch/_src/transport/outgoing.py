@@ -119,8 +119,10 @@ class Kept(NamedTuple):
     #: The index, on the closed connection, of the first frame; None when it wrote none of them
     #: (then ``written`` is 0, and the peer need not be asked what it read).
     written_from: int | None
-    #: How many of the first frames it had written.
+    #: How many of the first frames it, or a connection it replaced, had written.
     written: int
+    #: The number of the first frame among all those sent to the peer (``first_index``).
+    first_index: int
 
 
 class OutgoingConnection:
@@ -139,6 +141,7 @@ class OutgoingConnection:
         greeting: list[Any] | None = None,
         resend: Kept | None = None,
         keep: tuple[int, int] = (0, 0),
+        first_index: int = 0,
     ) -> None:
         """``greeting``: the buffers of a frame that goes first (it is not in ``frames_sent``);
         ``resend``: frames kept by the connection this one replaces, their tags, and the index
@@ -148,7 +151,9 @@ class OutgoingConnection:
         then only the greeting goes out. ``keep``: how many frames, and bytes, it keeps after
         writing them until the peer says it read them (the oldest are forgotten beyond either):
         more than both kernels' socket buffers and an acknowledgement's interval hold, so that
-        only a peer that reads nothing for long makes it forget frames it may have to resend."""
+        only a peer that reads nothing for long makes it forget frames it may have to resend.
+        ``first_index``: the number of its first frame, when it resends none (else the resent
+        frames' own)."""
         self._loop = loop
         self._loop_ident = loop_ident
         self._address = parse(address)
@@ -175,7 +180,12 @@ class OutgoingConnection:
         self._queue: collections.deque[Any] = collections.deque(greeting or ())  # buffers, as sent
         #: Frames sent before it is writable (``_writable``: authenticated, and the peer told
         #: what it read of the previous connection when asked), oldest first.
-        resend = resend or Kept([], [], None, 0)
+        resend = resend or Kept([], [], None, 0, first_index)
+        #: The number of its first frame among all those sent to the peer, on every connection:
+        #: the peer answers the greeting with the number of frames it read of them all
+        #: (``read_count``), which a drop of this connection before that answer arrived does not
+        #: make stale, as a count of one connection's frames would be.
+        self.first_index = resend.first_index
         self._waiting: collections.deque[list[Any]] = collections.deque(resend.frames)
         self._writable = False
         #: What the connection this one replaces wrote and kept (``Kept``): the peer is asked
@@ -392,8 +402,10 @@ class OutgoingConnection:
             self._retained.clear()
             self._retained_bytes = 0
             kept = [(index - first, tag) for index, tag in self._tags if first <= index < self.frames_sent]
+            # Never writable: it wrote none, but what it was to send again may have been read.
+            was_written = len(written) if self._writable else self._resend_written
         kept += [(index + len(written), tag) for index, tag in tags]
-        return Kept(written + held, kept, first, len(written))
+        return Kept(written + held, kept, first, was_written, self.first_index + first)
 
     @property
     def written_before(self) -> int:
@@ -736,17 +748,18 @@ class OutgoingConnection:
                 return
 
     def _told(self, read: int | None) -> None:
-        """The peer read ``read`` frames of the previous connection (None: it cannot tell): of
-        those that connection wrote and kept, send only the others."""
+        """The peer read the first ``read`` frames sent to it (``first_index``; None: it cannot
+        tell): of those the previous connections wrote and this one kept, send only the
+        others."""
         if self._timer is not None:
             self._timer.cancel()
-        first, written = self._resend_from, self._resend_written
-        assert first is not None
+        first, written = self.first_index, self._resend_written
         if read is None:  # unknown: none is sent again (it may have been read)
-            skip, self.unread_lost = written, None
+            skip, self.unread_lost = written, None  # the peer numbers the next one ``first``
         else:
             skip = min(max(read - first, 0), written)
             self.unread_lost = max(first - read, 0)
+            self.first_index += skip  # as the peer does (``IncomingConnection.tell_read``)
         with self._lock:
             for _ in range(skip):
                 self._waiting.popleft()

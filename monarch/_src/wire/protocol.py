@@ -147,6 +147,9 @@ PREVIOUS_KNOWN_FROM = "f"
 #: PEER_HELLO: the index of the first of those frames the sender keeps and sends again if the
 #: receiver did not read them: it waits for the receiver's count (``transport.read_count``).
 PREVIOUS_RESENT_FROM = "w"
+#: PEER_HELLO: the number of the connection's first frame among all those the sender sent to the
+#: receiver, on every connection (0 if absent): the receiver's count is of them all.
+FIRST_INDEX = "j"
 #: SHM_GIVE_BACK: names of the files given back.
 FILE_NAMES = "n"
 #: RDMA: what is asked (one of the ``RDMA_*`` operations below).
@@ -226,6 +229,7 @@ FIELDS: dict[int, tuple[str, ...]] = {
         PREVIOUS_REPORTS,
         PREVIOUS_KNOWN_FROM,
         PREVIOUS_RESENT_FROM,
+        FIRST_INDEX,
     ),
     SHM_GIVE_BACK_KIND: (FILE_NAMES,),
 }
@@ -367,10 +371,10 @@ def port_batch(port_id: int, replies: list[list[int]]) -> dict[str, Any]:
 
 
 def peer_hello(
-    sender: str, previous: tuple[int, int, list, list, int | None] | None = None
+    sender: str, previous: tuple[int, int, list, list, int | None] | None = None, first_index: int = 0
 ) -> dict[str, Any]:
     """``previous``: ``(frames, known from, replies, reports, resent from)`` of the sender's
-    previous connection."""
+    previous connection; ``first_index``: the number of the new one's first frame."""
     if previous is None:
         return {KIND: PEER_HELLO_KIND, SENDER: sender}
     frames, known_from, replies, reports, resent_from = previous
@@ -384,6 +388,8 @@ def peer_hello(
     }
     if resent_from is not None:
         hello[PREVIOUS_RESENT_FROM] = resent_from
+    if first_index:
+        hello[FIRST_INDEX] = first_index
     return hello
 
 
