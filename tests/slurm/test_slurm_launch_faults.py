@@ -20,11 +20,14 @@ from monarch._src.host import slurm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # a batch job and four ranks
 
-#: Each rank records its pid, then waits to be stopped.
+#: Each rank records its pid (written aside, then renamed: a file listed is never empty), then
+#: waits to be stopped.
 RANK = """
 import os, sys, time
-with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as fp:
+path = os.path.join(sys.argv[1], os.environ["RANK"])
+with open(path + ".tmp", "w") as fp:
     fp.write(str(os.getpid()))
+os.rename(path + ".tmp", path)
 time.sleep(60)
 """
 
@@ -40,8 +43,12 @@ def test_a_broken_job_stops_the_launcher_within_seconds_and_leaves_nothing(
     launch = [sys.executable, "-m", "monarch.launch", "--nproc-per-node", "2", str(script), str(ranks)]
     output = tmp_path / "job.out"
     job_id = slurm.submit(["--nodes=2", f"--output={output}", "--wrap", shlex.join(launch)], cwd=str(REPO))
-    wait_until(lambda: len(os.listdir(ranks)) == 4, 60, "every rank to run")
-    pids = [int((ranks / r).read_text()) for r in os.listdir(ranks)]
+
+    def recorded() -> list[str]:
+        return [r for r in os.listdir(ranks) if not r.endswith(".tmp")]
+
+    wait_until(lambda: len(recorded()) == 4, 60, "every rank to run")
+    pids = [int((ranks / r).read_text()) for r in recorded()]
 
     broken = time.monotonic()
     slurm2.break_job(fault, job_id, "monarch._src.host.slurm_hosts")
