@@ -353,15 +353,7 @@ class Runtime:
             return
         # Tagged as ``send`` tags it: a reply, by its port id.
         tag = value if value.__class__ is int and template.varying == PORT_ID else None
-        frame = template.encode(value, bodies, self.max_frame_bytes)
-        conn = self._conns.get(address)
-        if conn is None or conn.closed:  # (``_write``, inlined for the common case: one call less)
-            self._write(address, frame, tag)
-            return
-        try:
-            conn.send(frame, tag)
-        except ConnectionError:  # it closed just now: ``_write`` sends on the one replacing it
-            self._write(address, frame, tag)
+        self._write(address, template.encode(value, bodies, self.max_frame_bytes), tag)
 
     def send_templated_each(
         self, addresses: list[str], templates: list[HeaderTemplate], value: Any, bodies: list

@@ -204,8 +204,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self._ack_at_byte = self._bytes_read + read_count.ACK_BYTES
 
     def _ack(self) -> None:
-        self._ack_at_frame = self.frames_read + read_count.ACK_FRAMES
-        self._ack_at_byte = self._bytes_read + read_count.ACK_BYTES
+        self.start_acks()  # the next one is due an interval from now
         self._write_back(read_count.ACK, self.frames_read - 1)  # its hello is not counted
 
     def tell_read(self, count: int | None) -> None:
