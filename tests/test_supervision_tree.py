@@ -161,7 +161,9 @@ class Worker(actors.Pid):
 
     @endpoint
     def segfault(self) -> None:
-        os.kill(os.getpid(), signal.SIGSEGV)
+        # To this thread: a signal sent to the process goes to its main thread, which may run
+        # late, so the endpoint could return (and answer) before the process dies.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSEGV)
 
     @endpoint
     def block(self, started: Port[int], only_rank: int | None = None) -> str:
