@@ -86,7 +86,9 @@ def worker_environment(
     # Workers import what the client can: classes defined next to the script or in test
     # modules unpickle there by reference.
     env["PYTHONPATH"] = worker_pythonpath(env.get("PYTHONPATH"))
-    env[framework_log.LOG_DIR_ENV] = framework_log.log_dir()
+    log_dir = framework_log.log_dir()
+    if log_dir is not None:
+        env[framework_log.LOG_DIR_ENV] = log_dir
     env[actor_config.PREFIX_ENV] = "1" if actor_config.prefix_python_logs_with_actor else "0"
     if captured:
         env[CAPTURE_ENV] = "1"
