@@ -29,7 +29,7 @@ from monarch._src.host import log_capture
 from monarch._src.host.process_exit import when_process_exits
 from monarch._src.runtime import framework_log
 from monarch._src.runtime.bootstrap import BOOTSTRAP_ENV
-from monarch._src.transport.address import of_listening_socket
+from monarch._src.transport.address import of_listening_socket, remove_socket_file
 from monarch._src.wire.protocol import stop_proc
 
 logger = logging.getLogger("monarch.host")
@@ -86,7 +86,9 @@ def worker_environment(
     # Workers import what the client can: classes defined next to the script or in test
     # modules unpickle there by reference.
     env["PYTHONPATH"] = worker_pythonpath(env.get("PYTHONPATH"))
-    env[framework_log.LOG_DIR_ENV] = framework_log.log_dir()
+    log_dir = framework_log.log_dir()
+    if log_dir is not None:
+        env[framework_log.LOG_DIR_ENV] = log_dir
     env[actor_config.PREFIX_ENV] = "1" if actor_config.prefix_python_logs_with_actor else "0"
     if captured:
         env[CAPTURE_ENV] = "1"
@@ -108,7 +110,8 @@ class _Launch:
 
     def close_parent_side(self, keep_readers: bool) -> None:
         """Close the worker's ends here (it has its copies); with ``keep_readers`` False, the
-        parent's too (the start failed)."""
+        parent's too, and remove the worker's socket file (the start failed: nothing will
+        listen there)."""
         mine = [self.listen_fd, self.death_r, self.secret_r, self.out_w, self.err_w]
         if not keep_readers:
             mine += [self.death_w, self.out_r, self.err_r]
@@ -121,6 +124,8 @@ class _Launch:
         self.listen_fd = self.death_r = self.secret_r = self.out_w = self.err_w = -1
         if not keep_readers:
             self.death_w = self.out_r = self.err_r = -1
+            if self.address:
+                remove_socket_file(self.address)
 
 
 class ProcGroup:
@@ -301,6 +306,8 @@ class ProcGroup:
         except OSError:
             pass
         address = self.addresses[rank]
+        # A worker removes its socket file as it exits, unless it was killed or crashed.
+        remove_socket_file(address)
         how = describe_exit(code)
         # After a requested stop the actors have reported themselves stopped, so this only
         # fails what still waits on the process.

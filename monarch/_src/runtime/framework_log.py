@@ -49,6 +49,7 @@ logging.addLevelName(TRACE, "TRACE")
 _lock = threading.Lock()
 _configured = False
 _log_dir: str | None = None
+_log_dir_picked = False
 _log_file: str | None = None
 
 
@@ -67,36 +68,66 @@ def parse_level(variable: str, default: int, problems: list[str]) -> int:
     return level
 
 
-def _base_dir() -> str:
+def _base_dir(problems: list[str]) -> str | None:
+    """The directory job log directories go in: ``/tmp/$USER/monarch-logs``, else the same
+    in ``$TMPDIR``, where ``$USER`` is a directory of this user that no other user can write
+    to. Its name is predictable, so another user may have made it first, or a link by that
+    name, to choose where our log lines go (a link planted in it is followed when the file is
+    opened) or to read them; then a fresh private directory is used, and ``problems`` says why.
+    None where not even that can be made (no log files)."""
     import getpass
     import tempfile
+
+    from monarch._src.runtime.private_dir import WRITABLE_BY_OTHERS, untrusted
 
     try:
         user = getpass.getuser()
     except Exception:
         user = str(os.getuid())
-    for root in ("/tmp", tempfile.gettempdir()):
+    for root in dict.fromkeys(("/tmp", tempfile.gettempdir())):
         path = os.path.join(root, user)
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
         except OSError:
             continue
-        if os.access(path, os.W_OK):
-            return os.path.join(path, "monarch-logs")
-    return os.path.join(tempfile.gettempdir(), f"monarch-logs-{os.getuid()}")
+        problem = untrusted(path, WRITABLE_BY_OTHERS)
+        if problem is None:
+            if os.access(path, os.W_OK):
+                return os.path.join(path, "monarch-logs")
+            continue
+        problems.append(
+            f"the log directory {path} {problem}: another user could choose where this job's log "
+            f"lines go, or read them. Using a private directory instead.\n"
+            f"HINT: remove {path} (it is recreated private)."
+        )
+    try:
+        return tempfile.mkdtemp(prefix=f"monarch-logs-{os.getuid()}-")
+    except OSError as e:
+        problems.append(
+            f"no private log directory could be made in {tempfile.gettempdir()} ({e}): no log files"
+        )
+        return None
 
 
-def log_dir() -> str:
-    """This job's log directory (the client picks it; workers inherit it through the env)."""
-    global _log_dir
+def log_dir(problems: list[str] | None = None) -> str | None:
+    """This job's log directory (the client picks it; workers inherit it through the env);
+    None where there is no private place for one. Why the usual place was not used goes to
+    ``problems``, or straight to stderr where None."""
+    global _log_dir, _log_dir_picked
     with _lock:
-        if _log_dir is None:
+        if not _log_dir_picked:
+            _log_dir_picked = True
             inherited = os.environ.get(LOG_DIR_ENV)
             if inherited:
                 _log_dir = inherited
             else:
-                stamp = time.strftime("%Y%m%d-%H%M%S")
-                _log_dir = os.path.join(_base_dir(), f"job-{stamp}-{os.getpid()}")
+                said: list[str] = []
+                base = _base_dir(problems if problems is not None else said)
+                for message in said:
+                    _warn_on_stderr(message)
+                if base is not None:
+                    stamp = time.strftime("%Y%m%d-%H%M%S")
+                    _log_dir = os.path.join(base, f"job-{stamp}-{os.getpid()}")
         return _log_dir
 
 
@@ -154,8 +185,9 @@ def setup(file_name: str, *, is_worker: bool) -> None:
         if getattr(h, "_monarch_framework", False):
             logger.removeHandler(h)
     formatter = logging.Formatter(FORMAT, DATEFMT)
-    if file_level < OFF:
-        path = os.path.join(log_dir(), file_name)
+    directory = log_dir(problems) if file_level < OFF else None
+    if directory is not None:
+        path = os.path.join(directory, file_name)
         handler: logging.Handler = _LazyDirFileHandler(path, delay=True, encoding="utf-8")
         handler.setLevel(file_level)
         handler.setFormatter(formatter)
@@ -175,10 +207,15 @@ def setup(file_name: str, *, is_worker: bool) -> None:
         if is_worker:
             logger.warning("%s", message)
         else:
-            stream = sys.stderr
-            if stream is not None:
-                stream.write(f"monarch: warning: {message}\n")
-                stream.flush()
+            _warn_on_stderr(message)
+
+
+def _warn_on_stderr(message: str) -> None:
+    """A warning for the user of a client, whatever its log settings."""
+    stream = sys.stderr
+    if stream is not None:
+        stream.write(f"monarch: warning: {message}\n")
+        stream.flush()
 
 
 def setup_client() -> None:
@@ -191,8 +228,9 @@ def setup_worker(mesh_name: str, rank: int) -> None:
 
 
 def _reset_for_tests() -> None:
-    global _configured, _log_dir, _log_file
+    global _configured, _log_dir, _log_dir_picked, _log_file
     with _lock:
         _configured = False
         _log_dir = None
+        _log_dir_picked = False
         _log_file = None

@@ -21,9 +21,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import stat
 
 from monarch._src.runtime import shm
+from monarch._src.runtime.private_dir import untrusted
 
 logger = logging.getLogger("monarch.runtime")
 
@@ -59,23 +59,6 @@ def try_lock(path: str, create: bool = False) -> int | None:
     return None
 
 
-def _untrusted(base: str) -> str | None:
-    """Why ``base`` must not hold this user's sockets, or None where it is private."""
-    try:
-        st = os.lstat(base)
-    except OSError as e:
-        return f"cannot be inspected ({e})"
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
-    if st.st_uid != os.geteuid():
-        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    if st.st_mode & 0o077:
-        return f"has mode {stat.S_IMODE(st.st_mode):o}, open to other users (it must be 700)"
-    return None
-
-
 def _socket_base() -> tuple[str, bool]:
     """The directory new job directories go in, and whether it is the shared per-user one
     (where earlier jobs are swept). An untrusted one (another user could remove or replace
@@ -91,7 +74,7 @@ def _socket_base() -> tuple[str, bool]:
     except OSError as e:
         logger.warning("cannot create the socket directory %s (%s); using a private one in %s", base, e, tmp)
         return tmp, False
-    problem = _untrusted(base)
+    problem = untrusted(base)
     if problem is None:
         return base, True
     logger.warning(

@@ -364,6 +364,41 @@ class SendPool:
             self._lent.clear()
 
 
+class SentFiles:
+    """The one-shot files this process sent to each receiver that it may not have taken yet.
+
+    A receiver removes a one-shot file as it maps it; one that is lost first (killed, or
+    unreachable) never will, and the file would hold its size of memory until the job ends.
+    Thread-safe. Names the receivers took are forgotten from time to time (their files are
+    gone), so the record stays the size of what is in flight."""
+
+    #: Names recorded for one receiver before those it took are first forgotten.
+    FIRST_CHECK = 16
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_receiver: dict[str, list[str]] = {}
+        #: Per receiver: how many names it may have before the next look for taken ones.
+        self._check_at: dict[str, int] = {}
+
+    def add(self, receiver: str, name: bytes) -> None:
+        with self._lock:
+            names = self._by_receiver.setdefault(receiver, [])
+            names.append(name.decode())
+            if len(names) >= self._check_at.get(receiver, self.FIRST_CHECK):
+                names[:] = [n for n in names if os.path.lexists(os.path.join(SHM_DIR, n))]
+                self._check_at[receiver] = max(self.FIRST_CHECK, 2 * len(names))
+
+    def remove_sent_to(self, receiver: str) -> None:
+        """``receiver`` is gone: remove the files it did not take."""
+        with self._lock:
+            names = self._by_receiver.pop(receiver, [])
+            self._check_at.pop(receiver, None)
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(SHM_DIR, name))
+
+
 class Lending:
     """The shared-memory half of one runtime's frames: large buffers of frames it sends go out
     as files (lent from its ``SendPool`` where they fit), files in frames it receives are
@@ -375,6 +410,7 @@ class Lending:
     def __init__(self, rt: Runtime, pool_bytes: int, pool_idle_s: float) -> None:
         self._rt = rt
         self._pool = SendPool(rt.job_tag, pool_bytes)
+        self._sent = SentFiles()
         self._pool_idle_s = pool_idle_s
         #: Lent files this process is done with, per lender, not yet told (see _give_back).
         self.given_back: dict[str, list[str]] = {}
@@ -404,6 +440,8 @@ class Lending:
                     lent.append([i, sizes[i]])
                 else:
                     name = export(self._rt.job_tag, bodies[i])
+                    if name is not None:
+                        self._sent.add(address, name)
                 if name is not None:
                     bodies[i] = name
                     moved.append(i)
@@ -494,8 +532,10 @@ class Lending:
                 logger.debug("could not give shared-memory files back to %s: %s", lender, e)
 
     def reclaim(self, borrower: str) -> None:
-        """``borrower`` is gone: see ``SendPool.reclaim``."""
+        """``borrower`` is gone: the files lent to it (``SendPool.reclaim``) and the one-shot
+        files it did not take (``SentFiles``) are removed."""
         self._pool.reclaim(borrower)
+        self._sent.remove_sent_to(borrower)
 
     def close(self) -> None:
         self._pool.close()
