@@ -60,6 +60,19 @@ def test_no_secret_or_an_open_secret_file_is_refused(tmp_path: Path) -> None:
     assert neither.returncode == 2 and "--listen" in neither.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user takes root")
+def test_a_secret_file_of_another_user_is_refused(tmp_path: Path) -> None:
+    # Its owner could have chosen the secret: whoever knows it runs code as this user.
+    secret = tmp_path / "secret"
+    secret.write_text("chosen-by-someone-else")
+    secret.chmod(0o600)
+    os.chown(secret, 65534, 65534)  # nobody
+    planted = _agent("--listen", f"unix:{tmp_path}/a.sock", "--secret-file", str(secret))
+    assert planted.returncode == 2, planted.stderr
+    assert "belongs to uid 65534, not to this user" in planted.stderr and "HINT" in planted.stderr
+    assert not (tmp_path / "a.sock").exists()
+
+
 def test_a_client_with_a_wrong_secret_is_refused(monkeypatch: pytest.MonkeyPatch, agent: Any) -> None:
     faults: list[MeshFailure] = []
     monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)

@@ -60,8 +60,8 @@ def read_secret(secret_file: str | None = None, env_name: str = SECRET_ENV) -> b
     path = secret_file or os.environ.get(SECRET_FILE_ENV)
     if path:
         try:
-            st = os.stat(path)
             with open(path, "rb") as f:
+                st = os.fstat(f.fileno())  # of the file read, whatever the path pointed to before
                 secret = f.read().strip()
         except OSError as e:
             raise ValueError(f"cannot read the host secret file {path}: {e}\n{SECRET_HINT}") from None
@@ -69,6 +69,14 @@ def read_secret(secret_file: str | None = None, env_name: str = SECRET_ENV) -> b
             raise ValueError(
                 f"the host secret file {path} has mode {st.st_mode & 0o777:o}: other users can read it\n"
                 f"HINT: chmod 600 {path}"
+            )
+        if st.st_uid not in (os.geteuid(), 0):
+            # Its owner knows the secret, and could have chosen it: run as this user anywhere.
+            raise ValueError(
+                f"the host secret file {path} belongs to uid {st.st_uid}, not to this user "
+                f"(uid {os.geteuid()}): its owner could have chosen the secret\n"
+                f"HINT: make a secret file of your own (e.g. `head -c 32 /dev/urandom | base64 > "
+                f"FILE; chmod 600 FILE`)"
             )
         if not secret:
             raise ValueError(f"the host secret file {path} is empty\n{SECRET_HINT}")

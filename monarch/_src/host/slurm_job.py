@@ -31,6 +31,7 @@ import os
 import shlex
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -315,11 +316,18 @@ class SlurmJob(JobTrait):
         }
         path = os.path.abspath(self._cached_path)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        partial = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(record, out)
-        os.replace(partial, path)
+        # A fresh file of an unpredictable name (mode 600): a file planted at a predictable one
+        # by another user would be given the job's secret.
+        fd, partial = tempfile.mkstemp(
+            prefix=os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(path)
+        )
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump(record, out)
+            os.replace(partial, path)
+        except BaseException:
+            _remove(partial)
+            raise
 
     def _remove_cache(self, job_id: str) -> None:
         """Remove the cached state if it still records ``job_id``."""
