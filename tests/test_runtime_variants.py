@@ -8,8 +8,10 @@ import sys
 import textwrap
 
 import pytest
+from helpers import wait_until
 
-from monarch.actor import Actor, ActorError, endpoint, this_host
+import monarch.actor
+from monarch.actor import Actor, ActorError, SupervisionError, endpoint, this_host
 
 SCRIPT = textwrap.dedent(
     """
@@ -76,5 +78,23 @@ def test_failing_bootstrap_fails_initialized_with_the_cause() -> None:
     try:
         with pytest.raises(ActorError, match="bootstrap refused"):
             procs.initialized.get(timeout=30)
+    finally:
+        procs.stop().get(timeout=10)
+
+
+def test_actors_spawned_after_a_failing_bootstrap_fail_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whoever never looks at ``initialized`` still hears of it: the actors do not run on a
+    # process whose bootstrap (its environment, its devices) failed.
+    faults: list = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=_fail)
+    try:
+        actors = procs.spawn("reads_env", ReadsEnv)
+        with pytest.raises(
+            SupervisionError, match=r"bootstrap function raised ValueError\('bootstrap refused'\)"
+        ):
+            actors.booted.call().get(timeout=30)
+        wait_until(lambda: faults, 30, "the owner to hear of the failure")
+        assert "bootstrap refused" in str(faults[0]) and "HINT" in str(faults[0]), faults
     finally:
         procs.stop().get(timeout=10)

@@ -362,6 +362,8 @@ class ActorInstance:
         try:
             if cls is None:
                 raise args  # the spawn message could not be unpickled here
+            if this_process.boot_failure is not None:
+                raise _boot_failed(this_process.boot_failure)
             obj = cls.__new__(cls)
             obj.__init__(*args, **kwargs)
             self.actor = obj
@@ -731,6 +733,18 @@ def unrun_report(actor: str, endpoints: list[str]) -> str:
     """What the owner is told of broadcasts an actor never ran: "... 3 broadcast(s): f() x2, g() x1"."""
     counts = ", ".join(f"{n}() x{c}" for n, c in collections.Counter(endpoints).items())
     return f"The actor {actor} stopped before it ran {len(endpoints)} broadcast(s): {counts}."
+
+
+def _boot_failed(cause: BaseException) -> RuntimeError:
+    """Why no actor is constructed in a process whose spawn-time ``bootstrap`` raised: what it
+    set up (environment, devices) is missing, so the failure must not pass unseen."""
+    error = RuntimeError(
+        f"this process's spawn-time bootstrap function raised {cause!r}, so no actor is constructed "
+        "here\nHINT: `proc_mesh.initialized.get()` (or `await proc_mesh.initialized`) raises the "
+        "bootstrap's error before any spawn; fix the bootstrap function."
+    )
+    error.__cause__ = cause
+    return error
 
 
 def cleanup_timeout() -> float:

@@ -301,7 +301,7 @@ class _SetupActor(Actor):
         except Exception as e:
             self._error = e
         finally:
-            this_process.set_ready(True)
+            this_process.set_ready(True, self._error)
 
     @endpoint
     def result(self) -> bool:

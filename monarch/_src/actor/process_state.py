@@ -60,6 +60,8 @@ class ProcessState:
         self.runtime_lock = threading.RLock()
         #: False while this worker's ``bootstrap`` function runs; spawns wait for it.
         self._ready = True
+        #: What the spawn-time ``bootstrap`` function raised: no actor is constructed after it.
+        self.boot_failure: BaseException | None = None
         self._ready_waiters: list[Callable[[], None]] = []
 
     # -- actors -----------------------------------------------------------------------------
@@ -100,9 +102,11 @@ class ProcessState:
                 return
         fn()
 
-    def set_ready(self, ready: bool) -> None:
+    def set_ready(self, ready: bool, boot_failure: BaseException | None = None) -> None:
         with self.actors_lock:
             self._ready = ready
+            if boot_failure is not None:
+                self.boot_failure = boot_failure
             waiters = list(self._ready_waiters) if ready else []
             if ready:
                 self._ready_waiters.clear()
