@@ -22,6 +22,8 @@ import sys
 import threading
 import time
 
+from monarch._src.runtime import log_retention
+
 FILE_LEVEL_ENV = "MONARCH_FILE_LOG"
 STDERR_LEVEL_ENV = "MONARCH_STDERR_LOG"
 LOG_DIR_ENV = "MONARCH_LOG_DIR"
@@ -122,12 +124,14 @@ def log_dir(problems: list[str] | None = None) -> str | None:
                 _log_dir = inherited
             else:
                 said: list[str] = []
-                base = _base_dir(problems if problems is not None else said)
-                for message in said:
-                    _warn_on_stderr(message)
+                report = problems if problems is not None else said
+                base = _base_dir(report)
                 if base is not None:
+                    log_retention.sweep(base, log_retention.keep_from_env(report))
                     stamp = time.strftime("%Y%m%d-%H%M%S")
                     _log_dir = os.path.join(base, f"job-{stamp}-{os.getpid()}")
+                for message in said:
+                    _warn_on_stderr(message)
         return _log_dir
 
 
