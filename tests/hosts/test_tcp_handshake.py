@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import psutil
 import pytest
@@ -23,6 +24,7 @@ from tcp_helpers import (
 
 from monarch._src.actor.process_state import runtime
 from monarch._src.transport.listener import MAX_PENDING_HANDSHAKES
+from monarch.actor import Actor, endpoint
 
 #: A frame of a kind nobody handles: a proc that decodes it logs that it dropped it.
 UNKNOWN_KIND = 9999
@@ -101,3 +103,55 @@ def test_flood_of_strangers_over_tcp_costs_bounded_memory(tcp_where):
     finally:
         for s in idle:
             s.close()
+
+
+class Caller(Actor):
+    """Makes a blocking call from its own thread: that thread gets a reply address of its own
+    (a second listener of its process)."""
+
+    @endpoint
+    def call(self, other: Any) -> Any:
+        return other.echo.call_one("via a reply address").get(timeout=30)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _listening_ports(pid: int) -> list[int]:
+    return sorted(
+        c.laddr.port
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    )
+
+
+@pytest.mark.timeout(120)
+def test_the_handshake_cap_is_shared_by_all_listeners_of_a_process() -> None:
+    # Over TCP a proc's reply addresses listen too; a stranger who found them all must not get
+    # the cap of idle connections once per listener.
+    with tcp_procs(2) as pm:
+        where = pm.spawn("where", Where).slice(gpus=1)  # another proc: its replies come by TCP
+        caller = pm.spawn("caller", Caller).slice(gpus=0)
+        assert caller.call.call_one(where).get(timeout=30) == "via a reply address"
+        pid = caller.pid.call_one().get(timeout=30)
+        ports = _listening_ports(pid)
+        assert len(ports) >= 2, ports  # the process address and the caller thread's
+        worker = psutil.Process(pid)
+        before = worker.num_fds()
+        idle: list[socket.socket] = []
+        try:
+            for port in ports:
+                idle += [tcp_connect(f"tcp:127.0.0.1:{port}") for _ in range(MAX_PENDING_HANDSHAKES + 44)]
+            # Accepted in order: once a real peer got through on each, so did the flood.
+            for port in ports:
+                with tcp_connect(f"tcp:127.0.0.1:{port}") as s:
+                    assert len(handshake(s, runtime().secret)) == 32
+            grown = worker.num_fds() - before
+            assert grown <= MAX_PENDING_HANDSHAKES + 8, (
+                f"{grown} more descriptors for {len(idle)} idle strangers on {len(ports)} listeners"
+            )
+            assert caller.call.call_one(where).get(timeout=30) == "via a reply address"
+        finally:
+            for s in idle:
+                s.close()

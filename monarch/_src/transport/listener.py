@@ -7,7 +7,9 @@ is logged once, accepting pauses with backoff, and the peers wait in the listen 
 
 Connections that have not authenticated yet are capped at ``MAX_PENDING_HANDSHAKES``; past
 that the oldest is dropped. A flood of idle strangers thus costs bounded memory and
-descriptors, while a real peer, whose handshake takes one round trip, still gets in.
+descriptors, while a real peer, whose handshake takes one round trip, still gets in. The cap
+is shared by every listener of one event loop (a process address and its reply addresses),
+so a stranger who finds several of them cannot multiply it.
 
 A TCP listener (see ``address``) works the same way, with Nagle's algorithm off on each
 connection, and with TLS (see ``tls``) when it is given a context: the TLS handshake runs
@@ -24,6 +26,7 @@ import errno
 import logging
 import socket
 import ssl
+import weakref
 from collections.abc import Callable
 
 from monarch._src.transport import auth, tls
@@ -39,6 +42,13 @@ ACCEPT_RETRY_FIRST_S = 0.05
 ACCEPT_RETRY_MAX_S = 1.0
 #: Errors that a later accept may not hit again (resources of this process or the system).
 _TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+#: Per event loop: the connections its listeners accepted that have not authenticated yet,
+#: oldest first (a dict keeps order), with the task that sets each up (under TLS: runs its TLS
+#: handshake). One table for all of a loop's listeners, so the cap counts them all.
+_pending_of_loop: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[IncomingConnection, asyncio.Task[None] | None]
+] = weakref.WeakKeyDictionary()
 
 
 class Listener:
@@ -61,9 +71,8 @@ class Listener:
         self._factory = factory
         self._tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
         self._tls = tls if self._tcp else None
-        #: Connections accepted but not yet authenticated, oldest first (a dict keeps order),
-        #: with the task that sets each up (under TLS: runs its TLS handshake).
-        self._pending: dict[IncomingConnection, asyncio.Task[None] | None] = {}
+        #: Shared with the loop's other listeners (see ``_pending_of_loop``).
+        self._pending = _pending_of_loop.setdefault(loop, {})
         self._retry_delay = ACCEPT_RETRY_FIRST_S
         self._failures = 0
         self._evicted = 0
