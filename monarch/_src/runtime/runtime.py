@@ -760,11 +760,12 @@ class Runtime:
             drop.read += 1
         if frames <= drop.read:
             return  # every frame was read (a frame cut off is sent again): nothing lost
+        # Lost: the frames from ``drop.read`` to ``frames``; those after come again.
         for index, header in reports:
-            if index >= drop.read and isinstance(header, dict):
+            if drop.read <= index < frames and isinstance(header, dict):
                 self.dispatch(header, [])
         if drop.read >= known_from:
-            lost = [port_id for index, port_id in replies if index >= drop.read]
+            lost = [port_id for index, port_id in replies if drop.read <= index < frames]
             for cb in self._replies_lost:
                 try:
                     cb(peer, drop.reason, lost)
