@@ -89,14 +89,24 @@ class _Drop:
     """A peer's connection to this process that closed; settled by the peer's next hello, which
     says how many frames it had written on it (``_settle``), or given up on (``_no_hello``)."""
 
+    #: The connection, and how many frames it read (its hello not counted).
+    conn: IncomingConnection
     read: int
     reason: BaseException
-    #: What the peer is told was read of all it sent (``IncomingConnection.read_upto``).
-    upto: int | None = None
     #: The frame the drop cut off (``IncomingConnection.cut_off``): reported as undeliverable
     #: unless the peer's hello shows it sends it again (it had not written all of it).
     cut: tuple[dict, BaseException] | None = None
     timer: asyncio.TimerHandle | None = None
+
+    def __post_init__(self) -> None:
+        self._read_at_close = self.read
+
+    @property
+    def upto(self) -> int | None:
+        """What the peer is told was read of all it sent (``IncomingConnection.read_upto``):
+        asked when it is told, as a connection that closed while it waited behind an older one
+        learns the count only once that one delivered what it carried (``behind``)."""
+        return self.conn.read_upto(self._read_at_close)
 
 
 class Runtime:
@@ -550,9 +560,9 @@ class Runtime:
         uncertain = new.unread_lost is None
         if uncertain:
             why = (
-                f"the connection closed ({reason}), and the one replacing it closed too before "
-                "this process said which messages it had read: they are not sent again, so that "
-                "none runs twice"
+                f"the connection closed ({reason}), and this process could not say which of "
+                "the messages written there it had read: they are not sent again, so that none "
+                "runs twice"
             )
         else:
             why = (
@@ -681,9 +691,24 @@ class Runtime:
         if drop is not None:
             if drop.timer is not None:
                 drop.timer.cancel()
+            if drop.upto is None and self._wait_in_place(link, conn, route):
+                return
             self._settle(sender, drop, said, conn)
         else:  # no record of it (its hello never read here, say)
             conn.tell_read(None)
+
+    def _wait_in_place(self, link: tuple[str, str], conn: IncomingConnection, route: Handler) -> bool:
+        """The peer's connection before ``conn`` closed while it waited behind an older one,
+        still open (``_queue_behind``), before it was told what was read: ``conn`` waits there
+        in its place, and is told once the older one delivered what it carried, or closed
+        (that one carried nothing but its hello: its peer writes only once told). False if no
+        connection of ``link`` is waited on."""
+        for old, waiting in self._behind.items():
+            if _link(old) == link and waiting.hand_over(conn, route):
+                said, _ = self._said_before[old]
+                self._said_before[old] = (said, conn)
+                return True
+        return False
 
     def _queue_behind(
         self, conn: IncomingConnection, before: IncomingConnection, written: int, route: Handler
@@ -723,7 +748,7 @@ class Runtime:
             del self._from_peer[link]
         reason = reason or ConnectionResetError(f"connection from {peer} closed")
         read = conn.frames_read - 1  # its hello is not counted
-        drop = _Drop(read=read, reason=reason, cut=conn.cut_off, upto=conn.read_upto(read))
+        drop = _Drop(conn, read=read, reason=reason, cut=conn.cut_off)
         said = self._said_before.pop(conn, None)
         if said is not None:
             self._settle(peer, drop, *said)
