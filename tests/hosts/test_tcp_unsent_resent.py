@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Callable
@@ -31,7 +32,7 @@ import monarch.actor
 from monarch._src.actor.process_state import runtime
 from monarch._src.runtime.config import configured
 from monarch._src.transport.address import TcpAddress, parse
-from monarch._src.transport.outgoing import TAG_RECORD
+from monarch._src.transport.outgoing import TAG_RECORD, UNKEPT_RUNS
 from monarch.actor import MeshFailure, endpoint
 
 PAD = b"x" * 1024
@@ -128,6 +129,51 @@ def test_messages_lost_in_the_kernel_and_no_longer_kept_are_reported(
     (report,) = [f.report() for f in faults]
     assert f"recorder[0] never received {lost} messages sent to it by " in report, (lost, report)
     assert "HINT: MONARCH_RESEND_KEEP_MESSAGES" in report, report
+
+
+@pytest.mark.timeout(120)
+def test_losses_beyond_the_record_of_their_destinations_are_reported_to_every_actor_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Nothing kept, and broadcasts alternate between two actors of the frozen proc: the
+    client's record of where the lost ones were going (``UNKEPT_RUNS`` runs) overflows, and
+    each actor's owner hears, once, of the latest recorded for it and of the older ones, which
+    may have been for it: all the lost ones are counted. Each actor still runs the others once,
+    in order."""
+    faults: list[MeshFailure] = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    with configured(resend_keep_messages=0), tcp_procs() as pm:
+        meshes = [pm.spawn(name, Recorder, str(tmp_path / name)) for name in ("a", "b")]
+        pid, address = meshes[0].where.call_one().get(timeout=30)
+        meshes[1].where.call_one().get(timeout=30)
+        freeze(pid)
+        try:
+            for seq in range(BURST // 2):
+                for mesh in meshes:
+                    mesh.record.broadcast(seq, PAD)
+            wait_until(lambda: in_kernel(address)[0], 10, "the proc's receive queue to fill")
+            kill_connections_to(address)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: len(faults) == 2, 30, "both owners to hear")
+        wait_until(
+            lambda: all(int((tmp_path / n).read_text().split()[-1]) == BURST // 2 - 1 for n in "ab"),
+            30,
+            "the broadcasts resent to run",
+        )
+    counted = missing = 0
+    for name, report in zip("ab", sorted(f.report() for f in faults), strict=True):
+        said = re.match(
+            rf"The actor {name}\[0\] never received (\d+) messages .*, and maybe some of (\d+) more", report
+        )
+        assert said and "HINT: MONARCH_RESEND_KEEP_MESSAGES" in report, report
+        recorded, unrecorded = int(said[1]), int(said[2])
+        assert 0 < recorded < UNKEPT_RUNS, report
+        counted += recorded
+        seen = [int(line) for line in (tmp_path / name).read_text().split()]
+        assert seen == sorted(set(seen)), "a broadcast ran twice, or out of order"
+        missing += BURST // 2 - len(seen)
+    assert counted + unrecorded == missing, (counted, unrecorded, missing)
 
 
 class Asker(Where):

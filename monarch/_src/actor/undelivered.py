@@ -77,18 +77,17 @@ def messages_lost(header: dict, bodies: list) -> None:
     """(receiving process) A live peer wrote messages to this process that it never read and
     the peer no longer kept to send again (a MESSAGES_LOST frame says where they were going):
     each actor they were for fails, and its owner hears how many it lost and why; every actor
-    of this process, when the peer did not record where they were going."""
+    of this process may be among those the peer did not record the destination of."""
     sender, why = header.get(SENDER), header.get(REPORT)
     verb = "may not have received" if header.get(UNCERTAIN) else "never received"
-    for where, count in header.get(LOST) or []:
+    lost = header.get(LOST) or []
+    unrecorded = sum(count for where, count in lost if where is None)
+    more = (
+        f", and maybe some of {unrecorded} more, whose actors {sender} did not record" if unrecorded else ""
+    )
+    told = set()
+    for where, count in lost:
         if where is None:
-            for each in this_process.all_actors():
-                supervision.actor_failed(
-                    each,
-                    f"The actor {each.name}[{each.rank.rank}] {verb} some of {count} messages "
-                    f"{sender} sent to this process (it did not record which actors they were "
-                    f"for): {why}",
-                )
             continue
         inst = this_process.lookup(where) if where.__class__ is str else None
         if inst is None:
@@ -96,10 +95,20 @@ def messages_lost(header: dict, bodies: list) -> None:
                 "this process %s %d messages %s sent by %s: %s", verb, count, _for_whom(where), sender, why
             )
             continue
+        told.add(id(inst))
         supervision.actor_failed(
             inst,
-            f"The actor {inst.name}[{inst.rank.rank}] {verb} {count} messages sent to it by {sender}: {why}",
+            f"The actor {inst.name}[{inst.rank.rank}] {verb} {count} messages sent to it by {sender}{more}: {why}",
         )
+    if unrecorded:
+        for each in this_process.all_actors():
+            if id(each) not in told:
+                supervision.actor_failed(
+                    each,
+                    f"The actor {each.name}[{each.rank.rank}] {verb} some of {unrecorded} messages "
+                    f"{sender} sent to this process (it did not record which actors they were "
+                    f"for): {why}",
+                )
 
 
 def _for_whom(destination: object) -> str:

@@ -80,9 +80,10 @@ CORK_BUFFERS = 192
 #: tells the peer which of them it had written, so that the peer knows which ones it lost.
 TAG_RECORD = 1024
 #: How many runs of frames it forgot unread (beyond ``keep``) a connection records the
-#: destinations of (``lost``); later ones are counted in one run of unrecorded destinations.
+#: destinations of (``lost``); beyond, the oldest are counted in one run whose destinations
+#: are not recorded (the older a frame, the likelier the peer read it).
 UNKEPT_RUNS = 64
-#: The destination of the frames of that last run (``lost``).
+#: The destination of the frames of that run (``lost``).
 UNRECORDED = "?"
 #: While a thread is still corking, the loop leaves the writing to it and looks again this much
 #: later (writing from two threads at once makes each wait on the other's lock).
@@ -417,13 +418,12 @@ class OutgoingConnection:
         where = self._destination(frame) if self._destination is not None else None
         if runs:
             last = runs[-1]
-            if last[0] + last[1] == number and (last[2] == where or last[2] == UNRECORDED):
+            if last[0] + last[1] == number and last[2] == where:
                 last[1] += 1
                 return
-            if len(runs) == UNKEPT_RUNS:  # the record is full: where the rest went is not known
-                last[1] = number + 1 - last[0]
-                last[2] = UNRECORDED
-                return
+            if len(runs) == UNKEPT_RUNS:  # full: the oldest two (the likeliest read) merge
+                oldest, second = runs[0], runs.pop(1)
+                runs[0] = [oldest[0], second[0] + second[1] - oldest[0], UNRECORDED]
         runs.append([number, 1, where])
 
     def _hold_unwritten(self) -> None:
