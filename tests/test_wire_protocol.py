@@ -87,6 +87,7 @@ def test_each_kind_uses_distinct_keys_and_builders_use_them() -> None:
         protocol.port_batch(1, [[0, 1]]),
         protocol.rdma(protocol.RDMA_READ, 1, ["addr", 1], offset=1, length=2, timeout=3.0),
         protocol.peer_hello("addr", (3, 0, [[2, 1]], [[1, {"k": 6}]], 1), 7),
+        protocol.messages_lost("addr", [["a", 3], [None, 1]], "why", uncertain=True),
         protocol.shm_give_back(["f"]),
     ]
     assert sorted(h[protocol.KIND] for h in built) == sorted(protocol.KINDS)

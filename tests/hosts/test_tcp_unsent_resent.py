@@ -13,9 +13,13 @@ not have run"), every broadcast runs exactly once, in order, and nothing is repo
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import re
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +29,10 @@ from tcp_helpers import Where, tcp_procs
 from test_tcp_peer_loss import kill_connections_to
 
 import monarch.actor
+from monarch._src.actor.process_state import runtime
 from monarch._src.runtime.config import configured
 from monarch._src.transport.address import TcpAddress, parse
+from monarch._src.transport.outgoing import TAG_RECORD, UNKEPT_RUNS
 from monarch.actor import MeshFailure, endpoint
 
 PAD = b"x" * 1024
@@ -105,10 +111,13 @@ def test_messages_lost_in_the_kernel_and_no_longer_kept_are_reported(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The client keeps no written message (``resend_keep_messages=0``): those the reset
-    discarded are lost, and it says how many, exactly; the frame the proc had begun to read is
-    reported to the mesh's owner. The others still run once, in order."""
+    discarded are lost, and it says how many, exactly, in its log and to the owner of the actor
+    they were for (here the client itself), once, with the frame the proc had begun to read
+    among them. The others still run once, in order."""
     faults: list[MeshFailure] = []
     monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    runtime()  # sets up monarch's logger, which does not propagate: caplog's handler is the root's
+    monkeypatch.setattr(logging.getLogger("monarch"), "propagate", True)
     with configured(resend_keep_messages=0), tcp_procs() as pm:
         address, seen = burst_cut_by_a_reset(pm, tmp_path / "record")
     gaps = [(a, b) for a, b in zip(seen, seen[1:], strict=False) if b != a + 1]
@@ -117,16 +126,62 @@ def test_messages_lost_in_the_kernel_and_no_longer_kept_are_reported(
     lost = first_resent - last_read - 1
     said = [r.getMessage() for r in caplog.records if "were never read there" in r.getMessage()]
     assert said and said[0].startswith(f"{lost} messages written to {address} were never read"), (lost, said)
-    reports = [f.report() for f in faults]
-    assert len(reports) <= 1 and all("connection closed in the middle of this message" in r for r in reports)
+    (report,) = [f.report() for f in faults]
+    assert f"recorder[0] never received {lost} messages sent to it by " in report, (lost, report)
+    assert "HINT: MONARCH_RESEND_KEEP_MESSAGES" in report, report
+
+
+@pytest.mark.timeout(120)
+def test_losses_beyond_the_record_of_their_destinations_are_reported_to_every_actor_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Nothing kept, and broadcasts alternate between two actors of the frozen proc: the
+    client's record of where the lost ones were going (``UNKEPT_RUNS`` runs) overflows, and
+    each actor's owner hears, once, of the latest recorded for it and of the older ones, which
+    may have been for it: all the lost ones are counted. Each actor still runs the others once,
+    in order."""
+    faults: list[MeshFailure] = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    with configured(resend_keep_messages=0), tcp_procs() as pm:
+        meshes = [pm.spawn(name, Recorder, str(tmp_path / name)) for name in ("a", "b")]
+        pid, address = meshes[0].where.call_one().get(timeout=30)
+        meshes[1].where.call_one().get(timeout=30)
+        freeze(pid)
+        try:
+            for seq in range(BURST // 2):
+                for mesh in meshes:
+                    mesh.record.broadcast(seq, PAD)
+            wait_until(lambda: in_kernel(address)[0], 10, "the proc's receive queue to fill")
+            kill_connections_to(address)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: len(faults) == 2, 30, "both owners to hear")
+        wait_until(
+            lambda: all(int((tmp_path / n).read_text().split()[-1]) == BURST // 2 - 1 for n in "ab"),
+            30,
+            "the broadcasts resent to run",
+        )
+    counted = missing = 0
+    for name, report in zip("ab", sorted(f.report() for f in faults), strict=True):
+        said = re.match(
+            rf"The actor {name}\[0\] never received (\d+) messages .*, and maybe some of (\d+) more", report
+        )
+        assert said and "HINT: MONARCH_RESEND_KEEP_MESSAGES" in report, report
+        recorded, unrecorded = int(said[1]), int(said[2])
+        assert 0 < recorded < UNKEPT_RUNS, report
+        counted += recorded
+        seen = [int(line) for line in (tmp_path / name).read_text().split()]
+        assert seen == sorted(set(seen)), "a broadcast ran twice, or out of order"
+        missing += BURST // 2 - len(seen)
+    assert counted + unrecorded == missing, (counted, unrecorded, missing)
 
 
 class Asker(Where):
     """Calls another proc's ``echo`` many times at once, and later says what came back."""
 
     @endpoint
-    async def ask(self, target: Any, n: int) -> None:
-        self.calls = [target.echo.call_one((i, PAD)) for i in range(n)]
+    async def ask(self, target: Any, n: int, pad: bytes = PAD) -> None:
+        self.calls = [target.echo.call_one((i, pad)) for i in range(n)]
         await self.calls[0]  # the calls went out (as far as the kernel took them)
 
     @endpoint
@@ -140,6 +195,31 @@ def addresses_of(pid: int) -> list[str]:
     return [f"tcp:{line.split()[3]}" for line in out.splitlines() if f"pid={pid}," in line]
 
 
+def replies_cut_by_a_reset(
+    asker: Any, echo: Any, n: int, pad: bytes, piled_up: Callable[[list[str]], bool]
+) -> None:
+    """``asker`` (an ``Asker``) calls ``echo`` ``n`` times with ``pad`` and is frozen; once
+    ``piled_up(the addresses it listens at)``, the connections to them are reset, and it
+    resumes."""
+    pid, _ = asker.where.call_one().get(timeout=30)
+    echo.echo.call_one(None).get(timeout=30)
+    asker.ask.call_one(echo, 1).get(timeout=30)
+    asker.answers.call_one().get(timeout=30)  # the echo proc's connections are open
+    addresses = addresses_of(pid)
+    freeze(pid)
+    try:
+        # Sent while frozen: the asker reads the call, and its calls go out, once resumed.
+        asking = asker.ask.call_one(echo, n, pad)
+        os.kill(pid, signal.SIGCONT)
+        asking.get(timeout=30)
+        freeze(pid)
+        wait_until(lambda: piled_up(addresses), 10, "replies to pile up in the kernels")
+        for address in addresses:
+            kill_connections_to(address)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 @pytest.mark.timeout(120)
 def test_replies_lost_in_the_kernel_by_a_reset_are_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """Replies pile up in the kernels while the caller's proc is frozen; the connections they
@@ -150,27 +230,9 @@ def test_replies_lost_in_the_kernel_by_a_reset_are_sent_again(monkeypatch: pytes
     with tcp_procs() as asker_procs, tcp_procs() as echo_procs:
         asker = asker_procs.spawn("asker", Asker)
         echo = echo_procs.spawn("echo", Recorder, os.devnull)
-        pid, _ = asker.where.call_one().get(timeout=30)
-        echo.echo.call_one(None).get(timeout=30)
-        asker.ask.call_one(echo, 1).get(timeout=30)
-        asker.answers.call_one().get(timeout=30)  # the echo proc's connections are open
-        addresses = addresses_of(pid)
-        freeze(pid)
-        try:
-            # Sent while frozen: the asker reads the call, and its calls go out, once resumed.
-            asking = asker.ask.call_one(echo, CALLS * 100)
-            os.kill(pid, signal.SIGCONT)
-            asking.get(timeout=30)
-            freeze(pid)
-            wait_until(
-                lambda: sum(in_kernel(a)[0] for a in addresses) > len(PAD) * CALLS,
-                10,
-                "replies to fill the asker's receive queues",
-            )
-            for address in addresses:
-                kill_connections_to(address)
-        finally:
-            os.kill(pid, signal.SIGCONT)
+        replies_cut_by_a_reset(
+            asker, echo, CALLS * 100, PAD, lambda at: sum(in_kernel(a)[0] for a in at) > len(PAD) * CALLS
+        )
         assert asker.answers.call_one().get(timeout=60) == list(range(CALLS * 100))
     assert faults == [], [f.report() for f in faults]
 
@@ -285,4 +347,69 @@ def test_a_second_reset_before_the_sender_read_the_count_resends_nothing_read(
     seen = [int(line) for line in record.read_text().split()]
     twice = len(seen) - len(set(seen))
     assert seen == list(range(READ_FIRST + BURST)), (len(seen), twice, seen[READ_FIRST - 2 : READ_FIRST + 2])
+    assert faults == [], [f.report() for f in faults]
+
+
+class KeepingEcho(Where):
+    """Echoes, and says how many of the messages it wrote its peers never read, and it no
+    longer kept to send again (its connections' ``unread_lost``)."""
+
+    @endpoint
+    async def lost(self) -> int:
+        return sum(conn.unread_lost or 0 for conn in runtime()._conns.values())
+
+
+#: The replies the echo proc keeps for a resend in the test below (fewer than the reset
+#: discards), and their size.
+KEEP_REPLIES = 64
+REPLY_PAD = b"x" * (16 << 10)
+
+
+class Settler(Asker):
+    """``Asker`` that says how each of its calls settled: its value, or the error's type."""
+
+    @endpoint
+    async def outcomes(self) -> list[Any]:
+        """Each call's value or error type; "pending" for one still unsettled after 20 s."""
+        settled: list[Any] = []
+        for call in self.calls:
+            try:
+                settled.append((await asyncio.wait_for(asyncio.ensure_future(call), 20))[0])
+            except asyncio.TimeoutError:
+                settled.append("pending")
+            except ConnectionError:
+                settled.append("ConnectionError")
+        return settled
+
+
+@pytest.mark.timeout(120)
+def test_replies_kept_for_a_resend_complete_their_calls_when_older_ones_were_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The echo proc keeps only its last ``KEEP_REPLIES`` unacknowledged replies: a reset of the
+    connections to the frozen caller loses the older unread ones, whose calls, and only those,
+    fail with a ``ConnectionError`` ("may or may not have run"); the kept ones are sent again
+    and their calls return their values (they used to fail too, as if lost). Every call
+    settles once."""
+    faults: list[MeshFailure] = []
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", faults.append)
+    n = TAG_RECORD - 100  # the echo proc's record of which frames were replies misses none
+    keep = {"MONARCH_RESEND_KEEP_MESSAGES": str(KEEP_REPLIES)}
+    with tcp_procs() as asker_procs, tcp_procs(env=keep) as echo_procs:
+        asker = asker_procs.spawn("asker", Settler)
+        echo = echo_procs.spawn("echo", KeepingEcho)
+        # More than it keeps in the echo proc's send queue, which the reset discards.
+        replies_cut_by_a_reset(
+            asker,
+            echo,
+            n,
+            REPLY_PAD,
+            lambda at: sum(in_kernel(a)[1] for a in at) > len(REPLY_PAD) * 2 * KEEP_REPLIES,
+        )
+        outcomes = asker.outcomes.call_one().get(timeout=60)
+        lost = echo.lost.call_one().get(timeout=30)
+    failed = [i for i, o in enumerate(outcomes) if o == "ConnectionError"]
+    assert all(o == i for i, o in enumerate(outcomes) if i not in failed), outcomes
+    assert lost, "no reply was lost: the test lost its point"
+    assert failed == list(range(failed[0], failed[0] + lost)), (lost, failed)  # the unread, unkept ones
     assert faults == [], [f.report() for f in faults]

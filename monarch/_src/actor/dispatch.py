@@ -69,6 +69,7 @@ def install(rt: Runtime) -> None:
     rt.register(protocol.LOG_KIND, log_forwarding.handle_log)
     rt.register(protocol.LOG_FLUSH_KIND, log_forwarding.handle_log_flush)
     rt.register(protocol.LOG_OPTION_KIND, log_forwarding.handle_log_option)
+    rt.register(protocol.MESSAGES_LOST_KIND, undelivered.messages_lost)
     rt.on_peer_lost(supervision.peer_lost)
     rt.on_undeliverable(undelivered.message_rejected)
     rt.on_frames_lost(undelivered.connection_lost)

@@ -13,6 +13,11 @@ those it wrote, calls whose messages, or whose replies, may have been lost fail 
 running there complete), and failure reports are delivered again; a frame the drop cut off at
 the receiver is rejected as above, unless the sender's hello shows it is sent again.
 
+A connection that drops also loses what both kernels held of it: the sender keeps what it wrote
+until the receiver says it read it, and sends again what was not read, but only within bounds
+(``MONARCH_RESEND_KEEP_*``). It records where the frames it forgot unread were going, and the
+receiver reports those lost as it reports a broadcast it rejected (``messages_lost``).
+
 Or the peer's process is gone (or stayed unreachable): calls waiting on it fail with its loss
 (``supervision.process_exited``) and the owners of the actors it ran hear of its death, which
 also stands for the broadcasts it never got; what was never sent to it is logged by the
@@ -26,7 +31,21 @@ from collections.abc import Callable
 
 from monarch._src.actor import port, supervision
 from monarch._src.actor.process_state import this_process
-from monarch._src.wire.protocol import ACTOR, ENDPOINT, KIND, MSG_KIND, PORT_ID, PORT_KIND, RANK, REPLY_PORT
+from monarch._src.wire import protocol
+from monarch._src.wire.protocol import (
+    ACTOR,
+    ENDPOINT,
+    KIND,
+    LOST,
+    MSG_KIND,
+    PORT_ID,
+    PORT_KIND,
+    RANK,
+    REPLY_PORT,
+    REPORT,
+    SENDER,
+    UNCERTAIN,
+)
 
 logger = logging.getLogger("monarch.actor")
 
@@ -52,6 +71,52 @@ def message_rejected(header: dict, error: BaseException) -> None:
         )
         return
     logger.error("dropped an undeliverable message of kind %r: %s", kind, error)
+
+
+def messages_lost(header: dict, bodies: list) -> None:
+    """(receiving process) A live peer wrote messages to this process that it never read and
+    the peer no longer kept to send again (a MESSAGES_LOST frame says where they were going):
+    each actor they were for fails, and its owner hears how many it lost and why; every actor
+    of this process may be among those the peer did not record the destination of."""
+    sender, why = header.get(SENDER), header.get(REPORT)
+    verb = "may not have received" if header.get(UNCERTAIN) else "never received"
+    lost = header.get(LOST) or []
+    unrecorded = sum(count for where, count in lost if where is None)
+    more = (
+        f", and maybe some of {unrecorded} more, whose actors {sender} did not record" if unrecorded else ""
+    )
+    told = set()
+    for where, count in lost:
+        if where is None:
+            continue
+        inst = this_process.lookup(where) if where.__class__ is str else None
+        if inst is None:
+            logger.error(
+                "this process %s %d messages %s sent by %s: %s", verb, count, _for_whom(where), sender, why
+            )
+            continue
+        told.add(id(inst))
+        supervision.actor_failed(
+            inst,
+            f"The actor {inst.name}[{inst.rank.rank}] {verb} {count} messages sent to it by {sender}{more}: {why}",
+        )
+    if unrecorded:
+        for each in this_process.all_actors():
+            if id(each) not in told:
+                supervision.actor_failed(
+                    each,
+                    f"The actor {each.name}[{each.rank.rank}] {verb} some of {unrecorded} messages "
+                    f"{sender} sent to this process (it did not record which actors they were "
+                    f"for): {why}",
+                )
+
+
+def _for_whom(destination: object) -> str:
+    """A MESSAGES_LOST destination that is no actor of this process, for people."""
+    if destination.__class__ is int:
+        names = {v: k for k, v in vars(protocol).items() if k.endswith("_KIND")}
+        return f"of kind {names.get(destination, destination)}"
+    return f"for actor {destination}, which is not here any more"
 
 
 def connection_lost(

@@ -52,12 +52,7 @@ class Behind:
         self._released = False
         self._old_route = old.on_frame
         old.on_frame = self._old_frame
-        new.on_frame = self._hold
-        try:
-            new.transport.pause_reading()  # type: ignore[union-attr]
-            self._paused = True
-        except NotImplementedError:  # a loop's reply connection (``SocketReader``): frames queue
-            self._paused = False
+        self._paused = self._hold_frames_of(new)
         self._seen = old.frames_read
         self._timer = loop.call_later(IDLE_S, self._check)
         logger.debug(
@@ -65,6 +60,27 @@ class Behind:
             old.peer,
             written + 1 - self._seen,
         )
+
+    def _hold_frames_of(self, new: IncomingConnection) -> bool:
+        """Hold ``new``'s frames from now on; whether its reading was paused."""
+        new.on_frame = self._hold
+        try:
+            new.transport.pause_reading()  # type: ignore[union-attr]
+            return True
+        except NotImplementedError:  # a loop's reply connection (``SocketReader``): frames queue
+            return False
+
+    def hand_over(self, new: IncomingConnection, route: Handler) -> bool:
+        """The connection that waited here closed before it was told what was read (its peer
+        asks again on ``new``): ``new`` waits here in its place, its frames after those held,
+        and is told instead. False, and nothing done, once released or ``old`` closed (the
+        closed one was told then, or the count is in its drop, see ``Runtime._settle``)."""
+        if self._released or self._old.closed or not self._new.closed:
+            return False
+        self._new, self._route = new, route
+        self._paused = self._hold_frames_of(new)
+        logger.debug("%s: a newer connection waits for the old one in place of a closed one", new.peer)
+        return True
 
     def _hold(self, header: dict, bodies: list) -> None:
         self._frames.append((header, bodies))

@@ -36,14 +36,17 @@ from monarch._src.transport import address as addresses
 from monarch._src.transport import auth, tls
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
-from monarch._src.transport.outgoing import Kept, OutgoingConnection
+from monarch._src.transport.outgoing import UNRECORDED, Kept, OutgoingConnection
 from monarch._src.wire import protocol
 from monarch._src.wire.frame import FrameTooLargeError, HeaderTemplate, encode_each, encode_frame, header_of
 from monarch._src.wire.protocol import (
+    ACTOR,
     FIRST_INDEX,
     KIND,
     PEER_HELLO_KIND,
+    PORT_BATCH_KIND,
     PORT_ID,
+    PORT_KIND,
     PREVIOUS_FRAMES,
     PREVIOUS_KNOWN_FROM,
     PREVIOUS_REPLIES,
@@ -53,6 +56,8 @@ from monarch._src.wire.protocol import (
     SENDER,
     SHM_GIVE_BACK_KIND,
     SHM_MOVED,
+    SUPERVISION_KIND,
+    messages_lost,
     peer_hello,
 )
 
@@ -84,14 +89,24 @@ class _Drop:
     """A peer's connection to this process that closed; settled by the peer's next hello, which
     says how many frames it had written on it (``_settle``), or given up on (``_no_hello``)."""
 
+    #: The connection, and how many frames it read (its hello not counted).
+    conn: IncomingConnection
     read: int
     reason: BaseException
-    #: What the peer is told was read of all it sent (``IncomingConnection.read_upto``).
-    upto: int | None = None
     #: The frame the drop cut off (``IncomingConnection.cut_off``): reported as undeliverable
     #: unless the peer's hello shows it sends it again (it had not written all of it).
     cut: tuple[dict, BaseException] | None = None
     timer: asyncio.TimerHandle | None = None
+
+    def __post_init__(self) -> None:
+        self._read_at_close = self.read
+
+    @property
+    def upto(self) -> int | None:
+        """What the peer is told was read of all it sent (``IncomingConnection.read_upto``):
+        asked when it is told, as a connection that closed while it waited behind an older one
+        learns the count only once that one delivered what it carried (``behind``)."""
+        return self.conn.read_upto(self._read_at_close)
 
 
 class Runtime:
@@ -514,24 +529,50 @@ class Runtime:
             if new.unread_lost is None:
                 logger.warning(
                     "%s could not tell which messages it read of the connection that closed: "
-                    "calls among them fail; other messages may be lost",
+                    "calls among them fail; the owners of the actors the others were for hear "
+                    "that they may be lost",
                     address,
                 )
             else:
                 logger.error(
                     "%d messages written to %s were never read there, and this process no longer "
-                    "kept them to send again: calls among them fail; the other messages are lost\n"
-                    "HINT: MONARCH_RESEND_KEEP_MESSAGES and MONARCH_RESEND_KEEP_BYTES (%d, %d) bound "
-                    "what it keeps of the messages its peers have not acknowledged.",
+                    "kept them to send again: calls among them fail; the owners of the actors the "
+                    "others were for hear of their loss\n%s",
                     new.unread_lost,
                     address,
-                    CONFIG.resend_keep_messages,
-                    CONFIG.resend_keep_bytes,
+                    _keep_hint(),
                 )
+            self._report_lost(address, new, reason)
             spared = _reply_ports(new.queued_at_handshake)
             _run_each([functools.partial(fn, spared) for fn in on_alive])
 
         return found_alive
+
+    def _report_lost(self, address: str, new: OutgoingConnection, reason: BaseException) -> None:
+        """Tell the live peer at ``address`` where the messages it never read, and that this
+        process no longer kept (``new.lost``), were going: it reports their loss to the owners
+        of the actors they were for (``undelivered.messages_lost``)."""
+        lost = [
+            [None if where == UNRECORDED else where, n] for where, n in new.lost.items() if where is not None
+        ]
+        if not lost:
+            return
+        uncertain = new.unread_lost is None
+        if uncertain:
+            why = (
+                f"the connection closed ({reason}), and this process could not say which of "
+                "the messages written there it had read: they are not sent again, so that none "
+                "runs twice"
+            )
+        else:
+            why = (
+                f"the connection closed ({reason}) before this process read them, and the "
+                f"sender no longer kept them to send again\n{_keep_hint()}"
+            )
+        try:
+            self.send(address, messages_lost(self.address, lost, why, uncertain), [])
+        except ConnectionError as e:  # closed again: the peer's loss, if it is gone, is reported
+            logger.error("could not tell %s of the messages it lost: %s", address, e)
 
     def _new_outgoing(
         self,
@@ -555,6 +596,7 @@ class Runtime:
             resend=resend,
             keep=(CONFIG.resend_keep_messages, CONFIG.resend_keep_bytes),
             first_index=first_index,
+            destination=_lost_destination,
         )
 
     def _outgoing_closed(self, address: str, conn: OutgoingConnection, reason: BaseException) -> None:
@@ -649,9 +691,24 @@ class Runtime:
         if drop is not None:
             if drop.timer is not None:
                 drop.timer.cancel()
+            if drop.upto is None and self._wait_in_place(link, conn, route):
+                return
             self._settle(sender, drop, said, conn)
         else:  # no record of it (its hello never read here, say)
             conn.tell_read(None)
+
+    def _wait_in_place(self, link: tuple[str, str], conn: IncomingConnection, route: Handler) -> bool:
+        """The peer's connection before ``conn`` closed while it waited behind an older one,
+        still open (``_queue_behind``), before it was told what was read: ``conn`` waits there
+        in its place, and is told once the older one delivered what it carried, or closed
+        (that one carried nothing but its hello: its peer writes only once told). False if no
+        connection of ``link`` is waited on."""
+        for old, waiting in self._behind.items():
+            if _link(old) == link and waiting.hand_over(conn, route):
+                said, _ = self._said_before[old]
+                self._said_before[old] = (said, conn)
+                return True
+        return False
 
     def _queue_behind(
         self, conn: IncomingConnection, before: IncomingConnection, written: int, route: Handler
@@ -691,7 +748,7 @@ class Runtime:
             del self._from_peer[link]
         reason = reason or ConnectionResetError(f"connection from {peer} closed")
         read = conn.frames_read - 1  # its hello is not counted
-        drop = _Drop(read=read, reason=reason, cut=conn.cut_off, upto=conn.read_upto(read))
+        drop = _Drop(conn, read=read, reason=reason, cut=conn.cut_off)
         said = self._said_before.pop(conn, None)
         if said is not None:
             self._settle(peer, drop, *said)
@@ -719,16 +776,21 @@ class Runtime:
         if resent_from is not None:  # what it still kept comes again: only the older are lost
             frames = max(drop.read, min(frames, resent_from))
         if drop.cut is not None and frames > drop.read:
-            # The peer wrote the frame cut off here (or began to): it does not send it again.
-            self._reject(*drop.cut)
+            # The peer wrote the frame cut off here (or began to): it does not send it again. A
+            # peer that keeps what it wrote (``resent_from``) reports it with the others it no
+            # longer kept if it reports such a frame (MESSAGES_LOST, see ``_report_lost``); else
+            # it is reported here.
+            if resent_from is None or _destination(drop.cut[0]) is None:
+                self._reject(*drop.cut)
             drop.read += 1
         if frames <= drop.read:
             return  # every frame was read (a frame cut off is sent again): nothing lost
+        # Lost: the frames from ``drop.read`` to ``frames``; those after come again.
         for index, header in reports:
-            if index >= drop.read and isinstance(header, dict):
+            if drop.read <= index < frames and isinstance(header, dict):
                 self.dispatch(header, [])
         if drop.read >= known_from:
-            lost = [port_id for index, port_id in replies if index >= drop.read]
+            lost = [port_id for index, port_id in replies if drop.read <= index < frames]
             for cb in self._replies_lost:
                 try:
                     cb(peer, drop.reason, lost)
@@ -819,6 +881,37 @@ def _link(conn: IncomingConnection) -> tuple[str, str]:
 
 #: Frame kinds by number, for messages.
 _KIND_NAMES = {value: name[:-5].lower() for name, value in vars(protocol).items() if name.endswith("_KIND")}
+
+
+#: Frames whose loss is reported otherwise: replies (the peer fails the calls they answer, as
+#: the next hello tells which were written) and failure reports (the hello carries them again).
+_TOLD_OTHERWISE = frozenset((PORT_KIND, PORT_BATCH_KIND, SUPERVISION_KIND, PEER_HELLO_KIND))
+
+
+def _lost_destination(frame: list) -> Any:
+    """``_destination`` of a frame forgotten unread (``OutgoingConnection.lost``): asked only of
+    such frames, when a peer reads nothing for long, or the resend bounds are set low."""
+    return _destination(header_of(frame))
+
+
+def _destination(header: dict) -> Any:
+    """Whom the loss of a frame with ``header`` is reported to by its sender (MESSAGES_LOST):
+    the actor of a message nobody waits on, or the kind of a frame for no actor; None for one
+    with a reply port (its call fails, ``undelivered.connection_lost``) and for those reported
+    otherwise (``_TOLD_OTHERWISE``)."""
+    kind = header.get(KIND)
+    if kind in _TOLD_OTHERWISE or header.get(REPLY_PORT).__class__ is list:
+        return None
+    actor = header.get(ACTOR)
+    return actor if actor.__class__ is str else kind
+
+
+def _keep_hint() -> str:
+    return (
+        "HINT: MONARCH_RESEND_KEEP_MESSAGES and MONARCH_RESEND_KEEP_BYTES "
+        f"({CONFIG.resend_keep_messages}, {CONFIG.resend_keep_bytes}) bound what a process keeps of "
+        "the messages its peers have not acknowledged: raise them."
+    )
 
 
 def _reply_ports(frames: list[list]) -> frozenset[int]:

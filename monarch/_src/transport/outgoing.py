@@ -31,10 +31,14 @@ says it read them (``read_count``: an acknowledgement every few hundred frames),
 (``keep``): a reset discards what the kernels hold, which the peer never reads. After the
 handshake, its owner sends them on the connection that replaces it (``take_unread``), whose
 greeting asks the peer how many of the written ones it read: only the others go again, first,
-in their order, then the held ones, then any newer frame; those it no longer kept are counted
-(``unread_lost``) for its owner to report. Before it (the peer is gone or unreachable), its
-owner reports the held ones. Kept frames are the queue's own buffers, never copies; the cost on
-the send path is an append or two per frame, and a few operations per write of the queue.
+in their order, then the held ones, then any newer frame. Of those it no longer kept, it
+counts how many the peer did not read (``unread_lost``) and, from a bounded record of where
+the frames it forgot unread were going (``UNKEPT_RUNS`` runs; acknowledgements prune it), how
+many went to each destination (``lost``), for its owner to report. Before it (the peer is
+gone or unreachable), its owner reports the held ones. Kept frames are the queue's own
+buffers, never copies; the cost on the send path is an append or two per frame, and a few
+operations per write of the queue (the record of a frame forgotten unread costs the decoding
+of its header, paid only beyond ``keep``).
 
 A write that wakes a sleeping peer costs tens of microseconds of CPU, so a thread sending a
 burst (frames less than ``BURST_GAP_S`` apart) corks: its frames queue up and go out in one
@@ -75,6 +79,12 @@ CORK_BUFFERS = 192
 #: How many tagged frames a connection remembers (``sent_tags``): after it dropped, its owner
 #: tells the peer which of them it had written, so that the peer knows which ones it lost.
 TAG_RECORD = 1024
+#: How many runs of frames it forgot unread (beyond ``keep``) a connection records the
+#: destinations of (``lost``); beyond, the oldest are counted in one run whose destinations
+#: are not recorded (the older a frame, the likelier the peer read it).
+UNKEPT_RUNS = 64
+#: The destination of the frames of that run (``lost``).
+UNRECORDED = "?"
 #: While a thread is still corking, the loop leaves the writing to it and looks again this much
 #: later (writing from two threads at once makes each wait on the other's lock).
 CORK_RECHECK_S = 1e-3
@@ -108,6 +118,25 @@ def _frame_bytes(frame: list[Any]) -> int:
     return sum(map(_nbytes, frame))
 
 
+def _runs_from(runs: list[list[Any]], number: int) -> list[list[Any]]:
+    """``runs`` (``[first frame number, count, destination]``) without their frames before
+    frame ``number``."""
+    kept = []
+    for first, count, where in runs:
+        if first + count > number:
+            skip = max(number - first, 0)
+            kept.append([first + skip, count - skip, where])
+    return kept
+
+
+def _by_destination(runs: list[list[Any]]) -> dict[Any, int]:
+    """How many frames of ``runs`` went to each destination."""
+    counts: dict[Any, int] = {}
+    for _, count, where in runs:
+        counts[where] = counts.get(where, 0) + count
+    return counts
+
+
 class Kept(NamedTuple):
     """What a closed connection hands to the one replacing it (``take_unread``)."""
 
@@ -123,6 +152,9 @@ class Kept(NamedTuple):
     written: int
     #: The number of the first frame among all those sent to the peer (``first_index``).
     first_index: int
+    #: ``[first frame number, count, destination]`` of the runs of frames forgotten before the
+    #: peer said it read them (``lost``).
+    unkept: tuple[list[Any], ...] = ()
 
 
 class OutgoingConnection:
@@ -142,6 +174,7 @@ class OutgoingConnection:
         resend: Kept | None = None,
         keep: tuple[int, int] = (0, 0),
         first_index: int = 0,
+        destination: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         """``greeting``: the buffers of a frame that goes first (it is not in ``frames_sent``);
         ``resend``: frames kept by the connection this one replaces, their tags, and the index
@@ -153,7 +186,8 @@ class OutgoingConnection:
         more than both kernels' socket buffers and an acknowledgement's interval hold, so that
         only a peer that reads nothing for long makes it forget frames it may have to resend.
         ``first_index``: the number of its first frame, when it resends none (else the resent
-        frames' own)."""
+        frames' own). ``destination``: what its owner is to report a frame lost to (None: its
+        loss is reported otherwise), asked of each frame forgotten unread (``lost``)."""
         self._loop = loop
         self._loop_ident = loop_ident
         self._address = parse(address)
@@ -172,6 +206,11 @@ class OutgoingConnection:
         #: this one does not send again (forgotten: see ``keep``); None if the peer could
         #: not tell. Set before ``when_authenticated`` runs.
         self.unread_lost: int | None = 0
+        #: How many of those frames went to each destination (``UNRECORDED``: beyond the record),
+        #: or of those it does not send again and the peer may not have read (``unread_lost``
+        #: None); set with ``unread_lost``.
+        self.lost: dict[Any, int] = {}
+        self._destination = destination
         self._unreachable_timeout_s = unreachable_timeout_s
         self._retry_delay = RETRY_FIRST_S
         self._last_error: BaseException | None = None
@@ -198,6 +237,10 @@ class OutgoingConnection:
         self._retained_from = 0
         self._retained_bytes = 0
         self._keep_frames, self._keep_bytes = keep
+        #: Runs of frames forgotten before the peer said it read them, ``[first frame number
+        #: (as ``first_index``), count, destination]``, oldest first, at most ``UNKEPT_RUNS``:
+        #: the frames are gone, but where they were going is reported if they were lost.
+        self._unkept = [list(run) for run in resend.unkept]
         #: The frames (their lists of buffers, as sent) with buffers in ``_queue``, oldest first
         #: (the queue holds their buffers but the oldest one's first ``_head_written``), so that
         #: a failure can tell which frames were never wholly written. Trimmed after writes.
@@ -356,13 +399,32 @@ class OutgoingConnection:
         """(lock held) Stop keeping the frames the peer read (the first ``read`` of this
         connection), and the oldest beyond the bounds (``keep``)."""
         retained = self._retained
+        if read and self._unkept:
+            self._unkept = _runs_from(self._unkept, self.first_index + read)
         while retained and (
             self._retained_from < read
             or len(retained) > self._keep_frames
             or self._retained_bytes > self._keep_bytes
         ):
-            self._retained_bytes -= _frame_bytes(retained.popleft())
+            frame = retained.popleft()
+            self._retained_bytes -= _frame_bytes(frame)
+            if self._retained_from >= read:  # the peer may not have read it
+                self._note_unkept(self.first_index + self._retained_from, frame)
             self._retained_from += 1
+
+    def _note_unkept(self, number: int, frame: list[Any]) -> None:
+        """(lock held) Record where frame ``number``, forgotten unread, was going."""
+        runs = self._unkept
+        where = self._destination(frame) if self._destination is not None else None
+        if runs:
+            last = runs[-1]
+            if last[0] + last[1] == number and last[2] == where:
+                last[1] += 1
+                return
+            if len(runs) == UNKEPT_RUNS:  # full: the oldest two (the likeliest read) merge
+                oldest, second = runs[0], runs.pop(1)
+                runs[0] = [oldest[0], second[0] + second[1] - oldest[0], UNRECORDED]
+        runs.append([number, 1, where])
 
     def _hold_unwritten(self) -> None:
         """(lock held, closing) Keep the frames with a buffer still queued, whole, for
@@ -404,8 +466,10 @@ class OutgoingConnection:
             kept = [(index - first, tag) for index, tag in self._tags if first <= index < self.frames_sent]
             # Never writable: it wrote none, but what it was to send again may have been read.
             was_written = len(written) if self._writable else self._resend_written
+            unkept = tuple(self._unkept)
+            self._unkept = []
         kept += [(index + len(written), tag) for index, tag in tags]
-        return Kept(written + held, kept, first, was_written, self.first_index + first)
+        return Kept(written + held, kept, first, was_written, self.first_index + first, unkept)
 
     @property
     def written_before(self) -> int:
@@ -761,8 +825,14 @@ class OutgoingConnection:
             self.unread_lost = max(first - read, 0)
             self.first_index += skip  # as the peer does (``IncomingConnection.tell_read``)
         with self._lock:
-            for _ in range(skip):
-                self._waiting.popleft()
+            for number in range(first, first + skip):
+                frame = self._waiting.popleft()
+                if read is None:  # the peer may not have read it: reported with the forgotten
+                    self._note_unkept(number, frame)
+            unkept, self._unkept = self._unkept, []
+            if read is not None:
+                unkept = _runs_from(unkept, read)
+            self.lost = _by_destination(unkept)
             if skip:
                 self.frames_sent -= skip
                 tags = [(index - skip, tag) for index, tag in self._tags if index >= skip]

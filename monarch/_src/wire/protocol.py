@@ -46,6 +46,10 @@ RDMA_KIND = 13
 #: it had written on the connection before, so the receiver knows which replies were lost
 #: (runtime-internal).
 PEER_HELLO_KIND = 14
+#: Messages a live peer wrote to the receiver that the receiver never read (a reset discarded
+#: them) and the peer no longer kept to send again: where they were going, for the receiver to
+#: report their loss to the owners of the actors they were for.
+MESSAGES_LOST_KIND = 15
 #: "I no longer use these shared-memory files you lent me" (runtime-internal).
 SHM_GIVE_BACK_KIND = 64
 
@@ -64,6 +68,7 @@ KINDS = (
     PORT_BATCH_KIND,
     RDMA_KIND,
     PEER_HELLO_KIND,
+    MESSAGES_LOST_KIND,
     SHM_GIVE_BACK_KIND,
 )
 
@@ -100,7 +105,7 @@ BOOT = "boot"
 FLAGS = "f"
 #: STOP_ACTOR: seconds the actor has to stop.
 TIMEOUT = "t"
-#: SUPERVISION: what happened, for people.
+#: SUPERVISION, MESSAGES_LOST: what happened, for people.
 REPORT = "t"
 #: SUPERVISION: the failed or stopped actor's mesh key.
 MESH = "m"
@@ -150,6 +155,11 @@ PREVIOUS_RESENT_FROM = "w"
 #: PEER_HELLO: the number of the connection's first frame among all those the sender sent to the
 #: receiver, on every connection (0 if absent): the receiver's count is of them all.
 FIRST_INDEX = "j"
+#: MESSAGES_LOST: ``[[destination, count], ...]``, a destination the key of an actor, the kind
+#: of a frame for no actor, or None when the sender did not record where they were going.
+LOST = "l"
+#: MESSAGES_LOST: present when the messages may have been read (the receiver could not say).
+UNCERTAIN = "u"
 #: SHM_GIVE_BACK: names of the files given back.
 FILE_NAMES = "n"
 #: RDMA: what is asked (one of the ``RDMA_*`` operations below).
@@ -231,6 +241,7 @@ FIELDS: dict[int, tuple[str, ...]] = {
         PREVIOUS_RESENT_FROM,
         FIRST_INDEX,
     ),
+    MESSAGES_LOST_KIND: (SENDER, LOST, REPORT, UNCERTAIN),
     SHM_GIVE_BACK_KIND: (FILE_NAMES,),
 }
 
@@ -391,6 +402,13 @@ def peer_hello(
     if first_index:
         hello[FIRST_INDEX] = first_index
     return hello
+
+
+def messages_lost(sender: str, lost: list[list[Any]], report: str, uncertain: bool) -> dict[str, Any]:
+    header = {KIND: MESSAGES_LOST_KIND, SENDER: sender, LOST: lost, REPORT: report}
+    if uncertain:
+        header[UNCERTAIN] = True
+    return header
 
 
 def shm_give_back(names: list[str]) -> dict[str, Any]:
