@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from monarch._src.transport.connection import IncomingConnection
@@ -25,28 +26,44 @@ from monarch._src.transport.connection import IncomingConnection
 class SocketReader(asyncio.Transport):
     """Feeds ``protocol`` from ``sock``; its transport (the handshake's writes, ``close``)."""
 
-    def __init__(self, sock: socket.socket, protocol: IncomingConnection) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        protocol: IncomingConnection,
+        pause: Callable[[bool], None] | None = None,
+    ) -> None:
+        """``pause(paused)``: how its owner stops and resumes reading it (``pause_reading``); a
+        reader without one cannot pause (its frames then queue in the protocol's owner)."""
         super().__init__()
+        self._pause = pause
         self._sock = sock
         self._fd = sock.fileno()
         self._protocol = protocol
         #: Held while reading and delivering, and while ending: one thread at a time, in socket
         #: order (reentrant: the protocol may end the connection from inside a read).
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         #: The loops watching the socket now (each adds and removes itself on its own thread).
         self._watchers: set[asyncio.AbstractEventLoop] = set()
         self._watch_lock = threading.Lock()
         self._ended = False
+        #: While the protocol handles a read: a write failing meanwhile ends the connection
+        #: once it returned (``_write_failed``), as an asyncio transport would, not inside it.
+        self._in_read = False
+        self._write_failed: tuple[Exception | None] | None = None
 
     # -- watching -------------------------------------------------------------------------------
 
-    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        """(``loop``'s thread) Read the socket whenever ``loop`` finds it readable."""
+    def watch(self, loop: asyncio.AbstractEventLoop, read: Callable[[], None] | None = None) -> None:
+        """(``loop``'s thread) Read the socket whenever ``loop`` finds it readable (``read``:
+        how, if not by ``read(False)``)."""
         with self._watch_lock:
             if self._ended or loop in self._watchers:
                 return
             self._watchers.add(loop)
-        loop.add_reader(self._fd, self.read, False)
+        if read is None:
+            loop.add_reader(self._fd, self.read, False)
+        else:
+            loop.add_reader(self._fd, read)
 
     def unwatch(self, loop: asyncio.AbstractEventLoop) -> None:
         """(``loop``'s thread, or any thread once ``loop`` is closed) Stop watching from ``loop``."""
@@ -75,29 +92,39 @@ class SocketReader(asyncio.Transport):
         """Read what the socket has and deliver its frames; ``wait``: if another thread is
         reading it now, wait for it and read after it (else leave the reading to it: it reads
         on while anything is left)."""
-        if not self._lock.acquire(wait):
+        if not self.lock.acquire(wait):
             return
         try:
-            if self._ended:
-                return
-            proto = self._protocol
-            try:
-                n = self._sock.recv_into(proto.get_buffer(-1))
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                self._end(e)
-                return
-            if not n:
-                self._end(None)
-                return
+            self.read_locked()
+        finally:
+            self.lock.release()
+
+    def read_locked(self) -> None:
+        """``read``, by a thread that holds ``lock``."""
+        if self._ended:
+            return
+        proto = self._protocol
+        try:
+            n = self._sock.recv_into(proto.get_buffer(-1))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._end(e)
+            return
+        if not n:
+            self._end(None)
+            return
+        self._in_read = True
+        try:
             proto.buffer_updated(n)
         finally:
-            self._lock.release()
+            self._in_read = False
+        if self._write_failed is not None:
+            self._end(self._write_failed[0])
 
     def _end(self, exc: Exception | None) -> None:
         """The connection is over: the protocol hears of it, every watcher lets the socket go."""
-        with self._lock, self._watch_lock:
+        with self.lock, self._watch_lock:
             if self._ended:
                 return
             self._ended = True
@@ -106,7 +133,7 @@ class SocketReader(asyncio.Transport):
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        with self._lock:
+        with self.lock:
             self._protocol.connection_lost(exc)
         here = _running_loop()
         for loop in watchers:
@@ -128,10 +155,27 @@ class SocketReader(asyncio.Transport):
         try:
             sent = self._sock.send(data)
         except OSError as e:
-            self._end(e)
+            self._write_failure(e)
             return
         if sent != len(data):
-            self._end(None)
+            self._write_failure(None)
+
+    def _write_failure(self, e: Exception | None) -> None:
+        if self._in_read:
+            if self._write_failed is None:
+                self._write_failed = (e,)
+        else:
+            self._end(e)
+
+    def pause_reading(self) -> None:
+        if self._pause is None:
+            raise NotImplementedError
+        self._pause(True)
+
+    def resume_reading(self) -> None:
+        if self._pause is None:
+            raise NotImplementedError
+        self._pause(False)
 
     def abort(self) -> None:
         self._end(None)
