@@ -234,6 +234,8 @@ class ActorInstance:
                     "HINT: the process may be at its thread limit (ulimit -u, the cgroup's pids.max) "
                     "or out of memory for another thread stack."
                 )
+                if self._idle is not None:
+                    self._idle.close()
                 self._stopped(None)
 
     def post_message(self, header: dict, bodies: list | tuple[tuple, dict]) -> None:
@@ -323,11 +325,12 @@ class ActorInstance:
         q = self._queue
         assert q is not None
         idle = self._idle
+        queued = _not_empty(q)
         while True:
             if q.empty():
                 flush_corked()  # replies corked in a burst go out before this thread sleeps
                 if idle is not None:
-                    idle.wait(_not_empty(q))
+                    idle.wait(queued)  # reading its messages itself meanwhile
             kind, header, bodies = q.get()  # this thread alone takes from the queue
             if kind == MESSAGE:
                 self._handle_sync(header, bodies)

@@ -3,31 +3,34 @@
 A message for a sync actor (its endpoints run on a thread of its own, never on the loop) used to
 cost its process two wake-ups: the runtime's loop thread was woken by the socket, read and
 routed the frame into the actor's mailbox, which woke the actor's thread. Here, while that
-thread has nothing to run, it reads the connections its messages came on itself (an
+thread has nothing to run, it reads the connections its messages came on itself (its
 ``IdleReader``), so a message wakes only it, as in a bare socket program; while it runs an
 endpoint, the runtime's loop reads them, so a long endpoint starves nothing else (stops, other
 actors' messages, acknowledgements of frames read).
 
-The mechanism is ``thread_replies``': each connection (a ``SocketReader``) the runtime's loop
-may hand over sits in a nested epoll set (``_loop_poll``) that the loop watches as one
-descriptor, and in the epoll set of the idle reader it is lent to (``affinity``: the thread that
-the last message routed from it by the loop was for). The idle thread switches its connections
-off in the loop's set itself (``epoll_ctl``, no hop to the loop) while it waits, and on again
-before it runs anything. Whoever reads does so under the connection's lock, so nothing is read
-twice or out of order.
+The mechanism is ``thread_replies``': every connection accepted on the runtime's address is a
+``SocketReader`` in one nested epoll set (``_loop_poll``) that the loop watches as one
+descriptor (not each with ``add_reader``: uvloop stops watching a socket for good when it
+reports an error, so a reset would go unread). A connection whose messages the loop last
+routed to a sync actor is lent to that actor's thread (``claim``: in its own epoll set too,
+with its wake-up descriptor); the thread switches it off in the loop's set itself while it
+waits (``epoll_ctl``, no hop to the loop) and on again before it runs anything. Whoever reads
+does so under the connection's lock, so nothing is read twice or out of order; what is queued
+for the thread meanwhile (from the loop, or from this process) wakes it (``wake``).
 
 What the idle thread reads, it delivers only where that keeps every guarantee the loop gives:
 ``deliver`` (the actor layer's) takes a frame straight to a sync actor's mailbox, or declines
-it (a spawn, a stop, a broadcast's ordered frame, shared memory to map, anything for the loop).
-A declined frame, and every frame read after it on that connection, go to the loop in one
-callback (``_take_back``), with the connection switched back to the loop only once they were
-routed: nothing read later overtakes them. A connection's end, and frames it could not take,
-go the same way. Frames read are counted and acknowledged by the connection as ever
-(``read_count``), whichever thread reads.
+it (a spawn, a stop, a frame numbered for a forwarder's order, shared memory to map, anything
+else for the loop). A declined frame, and every frame read after it on that connection, go to
+the loop in one callback (``_take_back``), with the connection switched back to the loop only
+once they were routed: nothing read later overtakes them. A connection's end, and frames it
+could not take, go the same way. Frames read are counted and acknowledged by the connection as
+ever (``read_count``), whichever thread reads; a connection whose frames wait for, or are
+waited on by, a peer's other connection (``behind``) is the loop's alone (``pin``).
 
-Not under TLS (an encrypted connection cannot change hands after its handshake), and not for a
-connection whose frames wait for, or are waited on by, a peer's other connection (``behind``):
-those stay the loop's.
+A worker's runtime only (a client's loop reads its replies faster from uvloop's own
+transports), and not under TLS (an encrypted connection cannot change hands after its
+handshake).
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ if TYPE_CHECKING:
 
 #: The longest an idle reader polls before it looks whether the runtime closed.
 POLL_SLICE_S = 1.0
+#: At most this many connections are lent to one thread (each costs two ``epoll_ctl`` calls
+#: per idle spell); the loop reads the rest.
+MAX_LENT = 8
 
 #: Takes a frame (header, bodies) read on an idle thread where it must go; False: it is the
 #: loop's to route (with every frame after it on its connection).
@@ -91,9 +97,22 @@ class _Shared:
 class IdleReads:
     """The runtime's connections that idle threads may read (see the module docstring)."""
 
-    def __init__(self, rt: Runtime, enabled: bool) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        enabled: bool,
+        closed: Callable[[IncomingConnection, BaseException | None], None],
+        reject: Callable[[dict, BaseException], None],
+        read_routed: Callable[[], None],
+    ) -> None:
+        """The runtime's hooks, run on its loop for these connections as for any other:
+        ``closed`` (a connection ended), ``reject`` (a frame it could not take),
+        ``read_routed`` (every frame of a read was routed)."""
         self._rt = rt
         self.enabled = enabled
+        self._closed = closed
+        self._reject = reject
+        self._read_routed = read_routed
         self._lock = threading.Lock()
         self._of: dict[IncomingConnection, _Shared] = {}
         self._by_fd: dict[int, _Shared] = {}
@@ -160,6 +179,8 @@ class IdleReads:
             if shared.gone or idle.closed:
                 return
             self._unlend(shared)
+            if len(idle.lent) >= MAX_LENT:  # the one whose messages came longest ago
+                self._unlend(next(iter(idle.lent.values())))
             shared.affinity = idle
             idle.lend(shared)
 
@@ -196,20 +217,19 @@ class IdleReads:
 
     def _take_back(self, shared: _Shared, frames: list[tuple[dict, Any, BaseException | None]]) -> None:
         """(runtime's loop) Route what an idle thread declined, then read the connection on."""
-        rt = self._rt
         conn = shared.conn
         self.reading = shared
         try:
             for header, bodies, error in frames:
                 if header is None:  # the connection ended there
-                    rt._incoming_closed(conn, error)
+                    self._closed(conn, error)
                     continue
                 shared.unrouted -= 1  # (before: a connection waiting on this one looks at it)
                 if error is None:
                     conn.on_frame(header, bodies)
                 else:
-                    rt._reject(header, error)
-            rt._read_routed()
+                    self._reject(header, error)
+            self._read_routed()
         finally:
             self.reading = None
         with self._lock:
@@ -217,7 +237,7 @@ class IdleReads:
             if not shared.gone:
                 self._loop_poll.modify(shared.fd, self._loop_mask(shared))  # type: ignore[union-attr]
 
-    def closed(self, conn: IncomingConnection, reason: BaseException | None) -> None:
+    def ended(self, conn: IncomingConnection, reason: BaseException | None) -> None:
         """``conn`` ended (on whichever thread read its end): it leaves every set before its
         socket closes, and the runtime's loop hears of it after the frames read before it."""
         rt = self._rt
@@ -238,9 +258,9 @@ class IdleReads:
                 idle.decline(None, None, reason)
                 return
         if handing or not rt.on_loop_thread():  # after what was handed to the loop before
-            rt.loop_thread.call_soon(rt._incoming_closed, conn, reason)
+            rt.loop_thread.call_soon(self._closed, conn, reason)
         else:
-            rt._incoming_closed(conn, reason)
+            self._closed(conn, reason)
 
     def close(self) -> None:
         """(runtime's loop) Stop watching; connections are closed by the runtime."""
@@ -294,8 +314,8 @@ class IdleReader:
         self._own_poll = select.epoll()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._own_poll.register(self._wake_fd, select.EPOLLIN)
-        #: Lent to it (``claim``), by descriptor; in ``_own_poll``.
-        self._lent: dict[int, _Shared] = {}
+        #: Lent to it (``claim``), by descriptor, oldest first; in ``_own_poll``.
+        self.lent: dict[int, _Shared] = {}
         #: In ``wait`` (its work's producers wake it through ``wake``).
         self.waiting = False
         self.closed = False
@@ -311,7 +331,7 @@ class IdleReader:
         with self._reads._lock:
             self.closed = True
             self.waiting = False
-            for shared in list(self._lent.values()):
+            for shared in list(self.lent.values()):
                 self._reads._unlend(shared)
         self._own_poll.close()
         os.close(self._wake_fd)
@@ -327,7 +347,7 @@ class IdleReader:
 
     def lend(self, shared: _Shared) -> None:
         """(lock held) Read ``shared`` while idle; held at once if idle now."""
-        self._lent[shared.fd] = shared
+        self.lent[shared.fd] = shared
         self._own_poll.register(shared.fd, select.EPOLLIN)
         if self.holding:
             shared.holder = self
@@ -335,7 +355,7 @@ class IdleReader:
 
     def unlend(self, shared: _Shared) -> None:
         """(lock held)"""
-        if self._lent.pop(shared.fd, None) is shared:
+        if self.lent.pop(shared.fd, None) is shared:
             try:
                 self._own_poll.unregister(shared.fd)
             except (OSError, ValueError):
@@ -348,7 +368,7 @@ class IdleReader:
             if ready():
                 return
             reads = self._reads
-            lent = self._lent
+            lent = self.lent
             reads.take(self, lent)
             _current.reader = self
             try:

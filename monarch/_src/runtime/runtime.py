@@ -194,7 +194,13 @@ class Runtime:
             addresses=self._reply_addresses,
         )
         #: Peers' connections read by a sync actor's thread while it is idle (not under TLS).
-        self.idle_reads = IdleReads(self, enabled=idle_reads and self._tls is None)
+        self.idle_reads = IdleReads(
+            self,
+            enabled=idle_reads and self._tls is None,
+            closed=self._incoming_closed,
+            reject=self._reject,
+            read_routed=self._read_routed,
+        )
         self._handlers[SHM_GIVE_BACK_KIND] = self._shm.given_back_to_us
         self._peer_lost.append(lambda address, reason: self._shm.reclaim(address))
         with Runtime._instance_lock:
@@ -656,7 +662,7 @@ class Runtime:
             max_frame_bytes=self.max_frame_bytes,
             on_frame=lambda header, bodies: self._first_frame(conn, header, bodies),
             on_reject=self._reject,
-            on_close=self.idle_reads.closed if self.idle_reads.enabled else self._incoming_closed,
+            on_close=self.idle_reads.ended if self.idle_reads.enabled else self._incoming_closed,
             name=f"<-{self.address}",
             local_address=self.address,
             on_read_done=self._read_routed,

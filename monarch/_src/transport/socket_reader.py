@@ -46,24 +46,16 @@ class SocketReader(asyncio.Transport):
         self._watchers: set[asyncio.AbstractEventLoop] = set()
         self._watch_lock = threading.Lock()
         self._ended = False
-        #: While the protocol handles a read: a write failing meanwhile ends the connection
-        #: once it returned (``_write_failed``), as an asyncio transport would, not inside it.
-        self._in_read = False
-        self._write_failed: tuple[Exception | None] | None = None
 
     # -- watching -------------------------------------------------------------------------------
 
-    def watch(self, loop: asyncio.AbstractEventLoop, read: Callable[[], None] | None = None) -> None:
-        """(``loop``'s thread) Read the socket whenever ``loop`` finds it readable (``read``:
-        how, if not by ``read(False)``)."""
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(``loop``'s thread) Read the socket whenever ``loop`` finds it readable."""
         with self._watch_lock:
             if self._ended or loop in self._watchers:
                 return
             self._watchers.add(loop)
-        if read is None:
-            loop.add_reader(self._fd, self.read, False)
-        else:
-            loop.add_reader(self._fd, read)
+        loop.add_reader(self._fd, self.read, False)
 
     def unwatch(self, loop: asyncio.AbstractEventLoop) -> None:
         """(``loop``'s thread, or any thread once ``loop`` is closed) Stop watching from ``loop``."""
@@ -114,13 +106,7 @@ class SocketReader(asyncio.Transport):
         if not n:
             self._end(None)
             return
-        self._in_read = True
-        try:
-            proto.buffer_updated(n)
-        finally:
-            self._in_read = False
-        if self._write_failed is not None:
-            self._end(self._write_failed[0])
+        proto.buffer_updated(n)
 
     def _end(self, exc: Exception | None) -> None:
         """The connection is over: the protocol hears of it, every watcher lets the socket go."""
@@ -155,17 +141,10 @@ class SocketReader(asyncio.Transport):
         try:
             sent = self._sock.send(data)
         except OSError as e:
-            self._write_failure(e)
+            self._end(e)
             return
         if sent != len(data):
-            self._write_failure(None)
-
-    def _write_failure(self, e: Exception | None) -> None:
-        if self._in_read:
-            if self._write_failed is None:
-                self._write_failed = (e,)
-        else:
-            self._end(e)
+            self._end(None)
 
     def pause_reading(self) -> None:
         if self._pause is None:
