@@ -45,7 +45,6 @@ from monarch._src.actor.supervision import (
 )
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.point import Point
-from monarch._src.runtime.idle_reads import IdleReader
 from monarch._src.transport.cork import flush_corked
 from monarch._src.wire import payload
 from monarch._src.wire.protocol import (
@@ -62,6 +61,8 @@ from monarch._src.wire.protocol import (
 
 if TYPE_CHECKING:
     import asyncio
+
+    from monarch._src.runtime.idle_reads import IdleReader
 
 logger = logging.getLogger("monarch.actor")
 
@@ -215,6 +216,8 @@ class ActorInstance:
             self._queue.put((INIT, None, init))
             self._after_this_read = rt.after_this_read
             if rt.idle_reads.enabled:
+                from monarch._src.runtime.idle_reads import IdleReader  # (the runtime is up)
+
                 self._idle = IdleReader(rt.idle_reads, deliver_on_thread)
 
     def start(self) -> None:

@@ -192,28 +192,27 @@ class IdleReads:
         shared.holder = None
 
     def _loop_readable(self) -> None:
+        """Read the connections no idle thread holds (one that reads now reads on while it is
+        able: left to it)."""
         try:
             events = self._loop_poll.poll(0)  # type: ignore[union-attr]
         except (OSError, ValueError):  # closed
             return
+        by_fd = self._by_fd
         for fd, _ in events:
-            shared = self._by_fd.get(fd)
-            if shared is not None:
-                self._read_on_loop(shared)
-
-    def _read_on_loop(self, shared: _Shared) -> None:
-        """Read a connection no idle thread holds (one that does reads on while it is able)."""
-        lock = shared.reader.lock
-        if not lock.acquire(False):
-            return
-        try:
-            if shared.holder is not None or shared.handing:
-                return
-            self.reading = shared
-            shared.reader.read_locked()
-        finally:
-            self.reading = None
-            lock.release()
+            shared = by_fd.get(fd)
+            if shared is None:
+                continue
+            lock = shared.reader.lock
+            if not lock.acquire(False):
+                continue
+            try:
+                if shared.holder is None and not shared.handing:
+                    self.reading = shared
+                    shared.reader.read_locked()
+            finally:
+                self.reading = None
+                lock.release()
 
     def _take_back(self, shared: _Shared, frames: list[tuple[dict, Any, BaseException | None]]) -> None:
         """(runtime's loop) Route what an idle thread declined, then read the connection on."""
