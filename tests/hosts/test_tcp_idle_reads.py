@@ -6,44 +6,14 @@ from __future__ import annotations
 
 import pytest
 from tcp_helpers import tcp_procs
+from test_idle_reads import Log
 from test_tcp_peer_loss import kill_connections_to
-
-from monarch._src.actor.process_state import runtime
-from monarch.actor import Actor, endpoint
-
-
-class SyncLog(Actor):
-    """Records what it is sent, on its own thread."""
-
-    def __init__(self) -> None:
-        self.log: list[int] = []
-
-    @endpoint
-    def append(self, i: int) -> int:
-        self.log.append(i)
-        return len(self.log)
-
-    @endpoint
-    def get(self) -> list[int]:
-        return list(self.log)
-
-    @endpoint
-    def address(self) -> str:
-        return runtime().address
-
-    @endpoint
-    def reads_when_idle(self) -> int:
-        """How many of its process's connections its thread reads while idle."""
-        from monarch._src.actor.context import current_instance
-
-        idle = current_instance.get()._idle
-        return 0 if idle is None else len(idle.lent)
 
 
 @pytest.mark.timeout(120)
 def test_a_reset_read_by_the_actors_thread_loses_nothing_and_runs_nothing_twice() -> None:
     with tcp_procs() as pm:
-        log = pm.spawn("log", SyncLog)
+        log = pm.spawn("log", Log)
         address = log.address.call_one().get(timeout=30)
         assert address.startswith("tcp:")
         assert log.reads_when_idle.call_one().get(timeout=30) >= 1, "its thread reads the client's connection"

@@ -42,6 +42,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from monarch._src.runtime.thread_replies import ready_fds
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.socket_reader import SocketReader
 
@@ -372,16 +373,10 @@ class IdleReader:
             _current.reader = self
             try:
                 while not ready() and not reads._rt.closed:
-                    for fd, _ in self._own_poll.poll(POLL_SLICE_S):
-                        if fd == self._wake_fd:
-                            try:
-                                os.eventfd_read(fd)
-                            except BlockingIOError:
-                                pass
-                        else:
-                            shared = lent.get(fd)
-                            if shared is not None:
-                                self._read(shared)
+                    for fd in ready_fds(self._own_poll, POLL_SLICE_S, self._wake_fd):
+                        shared = lent.get(fd)
+                        if shared is not None:
+                            self._read(shared)
             finally:
                 _current.reader = None
                 reads.give_back(self, lent)
