@@ -8,13 +8,15 @@ thread has nothing to run, it reads the connections its messages came on itself 
 endpoint, the runtime's loop reads them, so a long endpoint starves nothing else (stops, other
 actors' messages, acknowledgements of frames read).
 
-The mechanism is ``thread_replies``': every connection accepted on the runtime's address is a
-``SocketReader`` in one nested epoll set (``_loop_poll``) that the loop watches as one
-descriptor (not each with ``add_reader``: uvloop stops watching a socket for good when it
-reports an error, so a reset would go unread). A connection whose messages the loop last
-routed to a sync actor is lent to that actor's thread (``claim``: in its own epoll set too,
+The mechanism is ``thread_replies``'. A connection accepted on the runtime's address is read
+by the loop's own transport until the loop routes a message from it to a sync actor; it then
+moves (``_to_reader``) to a ``SocketReader`` of a duplicate of its socket, in one nested epoll
+set (``_loop_poll``) that the loop watches as one descriptor (not each with ``add_reader``:
+uvloop stops watching a socket for good when it reports an error, so a reset would go
+unread), and is lent to that actor's thread (``claim``: in the thread's own epoll set too,
 with its wake-up descriptor); the thread switches it off in the loop's set itself while it
-waits (``epoll_ctl``, no hop to the loop) and on again before it runs anything. Whoever reads
+waits (``epoll_ctl``, no hop to the loop) and on again before it runs anything. A connection
+that only ever carries messages for async actors stays on the loop's transport. Whoever reads
 does so under the connection's lock, so nothing is read twice or out of order; what is queued
 for the thread meanwhile (from the loop, or from this process) wakes it (``wake``).
 
@@ -35,6 +37,7 @@ handshake).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import socket
@@ -76,10 +79,11 @@ class _Shared:
         "gone",
     )
 
-    def __init__(self, reader: SocketReader, conn: IncomingConnection) -> None:
-        self.reader = reader
+    def __init__(self, conn: IncomingConnection) -> None:
+        #: Its socket, once it left the loop's own transport (``_to_reader``).
+        self.reader: SocketReader | None = None
         self.conn = conn
-        self.fd = reader.fileno()
+        self.fd = -1
         #: The idle reader its messages were last for: it reads it while idle.
         self.affinity: IdleReader | None = None
         #: The idle reader reading it now (it is off in the loop's set meanwhile).
@@ -88,8 +92,8 @@ class _Shared:
         self.handing = False
         #: Of those, how many frames the loop has not routed yet.
         self.unrouted = 0
-        #: The loop's alone from now on (its peer replaced it, or it has not said hello yet).
-        self.pinned = True
+        #: The loop's alone (its frames wait for, or are waited on by, a peer's other connection).
+        self.pinned = False
         #: Not read until resumed (``behind``: it waits for a connection it replaces).
         self.paused = False
         self.gone = False
@@ -125,15 +129,42 @@ class IdleReads:
 
     # -- the runtime's loop -----------------------------------------------------------------------
 
-    def attach(self, conn: IncomingConnection, sock: socket.socket) -> None:
-        """(the listener's ``attach``) Feed an accepted connection from a plain socket."""
-        reader = SocketReader(sock, conn, lambda paused: self._pause(shared, paused))
-        shared = _Shared(reader, conn)
+    def _to_reader(self, shared: _Shared) -> bool:
+        """(runtime's loop, inside a read of ``shared``'s transport) Move a connection off the
+        loop's own transport to a ``SocketReader`` of a duplicate of its socket, polled in
+        ``_loop_poll``: from now on an idle thread may read it. False where it cannot move
+        now (the transport has bytes still to write, or is closing)."""
+        conn = shared.conn
+        transport = conn.transport
+        if transport is None or transport.is_closing() or transport.get_write_buffer_size():
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            dup = socket.socket(fileno=os.dup(sock.fileno()))
+        except OSError:
+            return False
+        dup.setblocking(False)
+        transport.pause_reading()  # (it reads no more: the duplicate keeps the connection open)
+        transport.set_protocol(asyncio.Protocol())  # its close is not the connection's
+        transport.abort()
+        reader = SocketReader(dup, conn, lambda paused: self._pause(shared, paused))
+        conn.transport = reader
         with self._lock:
-            self._of[conn] = shared
+            shared.reader, shared.fd = reader, reader.fileno()
             self._by_fd[shared.fd] = shared
-            self._loop_poll.register(shared.fd, select.EPOLLIN)  # type: ignore[union-attr]
-        conn.connection_made(reader)
+            self._loop_poll.register(shared.fd, self._loop_mask(shared))  # type: ignore[union-attr]
+        return True
+
+    def read_done(self, conn: IncomingConnection) -> None:
+        """(runtime's loop) The frames of a read of ``conn`` were routed: ``read_routed``, with
+        ``conn`` the connection read (``claim``)."""
+        self.reading = self._of.get(conn)
+        try:
+            self._read_routed()
+        finally:
+            self.reading = None
 
     def _pause(self, shared: _Shared, paused: bool) -> None:
         """(runtime's loop) Stop or resume reading a connection (pinned: no idle thread holds it)."""
@@ -150,7 +181,9 @@ class IdleReads:
         """(runtime's loop) ``conn`` is past its hello and its frames go straight to the router:
         an idle thread may read it from now on."""
         shared = self._of.get(conn)
-        if shared is not None:
+        if shared is None:
+            self._of[conn] = _Shared(conn)
+        else:
             shared.pinned = False
 
     def pin(self, conn: IncomingConnection) -> None:
@@ -159,8 +192,10 @@ class IdleReads:
         shared = self._of.get(conn)
         if shared is None:
             return
+        shared.pinned = True
+        if shared.reader is None:
+            return
         with shared.reader.lock, self._lock:
-            shared.pinned = True
             self._unlend(shared)
             if not shared.handing and not shared.gone:
                 self._loop_poll.modify(shared.fd, self._loop_mask(shared))  # type: ignore[union-attr]
@@ -175,6 +210,8 @@ class IdleReads:
         ``idle``'s thread: that thread reads it while it is idle."""
         shared = self.reading
         if shared is None or shared.affinity is idle or shared.pinned or shared.handing or shared.gone:
+            return
+        if shared.reader is None and not self._to_reader(shared):
             return
         with self._lock:
             if shared.gone or idle.closed:
@@ -204,13 +241,13 @@ class IdleReads:
             shared = by_fd.get(fd)
             if shared is None:
                 continue
-            lock = shared.reader.lock
+            lock = shared.reader.lock  # type: ignore[union-attr]
             if not lock.acquire(False):
                 continue
             try:
                 if shared.holder is None and not shared.handing:
                     self.reading = shared
-                    shared.reader.read_locked()
+                    shared.reader.read_locked()  # type: ignore[union-attr]
             finally:
                 self.reading = None
                 lock.release()
@@ -243,7 +280,7 @@ class IdleReads:
         rt = self._rt
         shared = self._of.pop(conn, None)
         handing = False
-        if shared is not None:
+        if shared is not None and shared.reader is not None:
             with self._lock:
                 shared.gone = True
                 handing = shared.handing
@@ -384,7 +421,8 @@ class IdleReader:
             self.waiting = False
 
     def _read(self, shared: _Shared) -> None:
-        with shared.reader.lock:
+        reader = shared.reader  # (a connection lent has one)
+        with reader.lock:  # type: ignore[union-attr]
             if shared.holder is not self:
                 return
             conn = shared.conn
@@ -392,7 +430,7 @@ class IdleReader:
             self.waiting = False  # what it delivers to its own mailbox needs no wake-up
             routing = conn.swap_routing(self._routing)
             try:
-                shared.reader.read_locked()
+                reader.read_locked()  # type: ignore[union-attr]
             finally:
                 conn.swap_routing(routing)
                 self.reading = None

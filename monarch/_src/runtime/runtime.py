@@ -214,7 +214,6 @@ class Runtime:
             listen_sock,
             self._new_incoming,
             self._tls.server if self._tls else None,
-            attach=self.idle_reads.attach if self.idle_reads.enabled else None,
         )
         self.loop_thread.call_soon(self._listener.start)
 
@@ -665,7 +664,9 @@ class Runtime:
             on_close=self.idle_reads.ended if self.idle_reads.enabled else self._incoming_closed,
             name=f"<-{self.address}",
             local_address=self.address,
-            on_read_done=self._read_routed,
+            on_read_done=(lambda: self.idle_reads.read_done(conn))
+            if self.idle_reads.enabled
+            else self._read_routed,
             defer_cut_off=True,  # settled with the peer's next hello (``_settle``)
         )
         self._incoming.add(conn)
