@@ -150,6 +150,10 @@ class IdleReads:
         transport.set_protocol(asyncio.Protocol())  # its close is not the connection's
         transport.abort()
         reader = SocketReader(dup, conn, lambda paused: self._pause(shared, paused))
+        # Nobody else reads it before the transport's read returns (and lets go of the buffer
+        # it was reading into): the loop lets go of its lock once this callback is over.
+        reader.lock.acquire()
+        self._rt.loop.call_soon(reader.lock.release)
         conn.transport = reader
         with self._lock:
             shared.reader, shared.fd = reader, reader.fileno()
