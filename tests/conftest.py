@@ -13,7 +13,7 @@ from typing import Any
 import cloudpickle
 import psutil
 import pytest
-from helpers import TESTS, alive, kill_leftovers, wait_while
+from helpers import TESTS, alive, all_processes, kill_leftovers, wait_while
 
 WORKER_MARK = "monarch._src.runtime.bootstrap"
 #: Inherited by every process this test session starts (subprocess clients and their
@@ -27,7 +27,7 @@ def monarch_processes() -> list[psutil.Process]:
     """Running monarch worker processes started by this test session (descendants or orphans)."""
     found = []
     me = os.getpid()
-    for p in psutil.process_iter(["cmdline"]):
+    for p in all_processes(["cmdline"]):
         try:
             cmd = p.info["cmdline"] or []
             if p.pid == me or not any(WORKER_MARK in c for c in cmd):

@@ -71,6 +71,15 @@ requires_cuda = pytest.mark.skipif(
 )
 
 
+def all_processes(attrs: list[str] | None = None) -> Iterator[psutil.Process]:
+    """Every running process, each a fresh ``psutil.Process``. ``psutil.process_iter`` caches
+    them by pid: once pids wrap around (a long suite on a machine with a small ``pid_max``), a
+    cached one stands for a new process with its old start time, and its ``environ()`` raises
+    NoSuchProcess, so a leak check would miss the new process once and find it later."""
+    psutil.process_iter.cache_clear()
+    return psutil.process_iter(attrs)
+
+
 def alive(procs: Iterable[psutil.Process | int]) -> list[psutil.Process]:
     """Those of ``procs`` (processes or pids) still running; a zombie counts as gone: only its
     reaping is left."""

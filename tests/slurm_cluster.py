@@ -40,7 +40,7 @@ from typing import Any
 
 import netns
 import psutil
-from helpers import REPO, running, wait_gone
+from helpers import REPO, all_processes, running, wait_gone
 
 #: The commands a cluster needs, and the Debian package of each (scripts/setup.sh installs them).
 PROGRAMS = {
@@ -100,7 +100,7 @@ def kill_clients(conf: Path) -> list[int]:
     controller...), which would otherwise wait for a cluster that is gone. Returns their pids
     once they are gone."""
     found = []
-    for proc in psutil.process_iter():
+    for proc in all_processes():
         try:
             if proc.pid != os.getpid() and proc.environ().get("SLURM_CONF") == str(conf):
                 proc.kill()

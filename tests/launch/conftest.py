@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import alive, kill_leftovers, wait_while
+from helpers import alive, all_processes, kill_leftovers, wait_while
 from launch_helpers import Scripts, monarch_launch
 from multinode_helpers import DDP_PRELOAD, DDP_TRAIN
 
@@ -19,7 +19,7 @@ def _assert_nothing_left_from(s: Scripts) -> None:
 
     def leftovers() -> list[psutil.Process]:
         found = []
-        for p in psutil.process_iter(["cmdline"]):
+        for p in all_processes(["cmdline"]):
             if p.pid != os.getpid() and any(marker in c for c in (p.info["cmdline"] or [])):
                 found.append(p)
         return alive(found)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import alive, wait_while
+from helpers import alive, all_processes, wait_while
 from launch_helpers import TORCHRUN, Scripts, _popen, clean_env, free_port
 from multinode_helpers import finish, launcher, run_nodes
 
@@ -61,7 +61,7 @@ dist.destroy_process_group()
 def ours(mark: str) -> list[psutil.Process]:
     """Processes of this test's job still running (they carry its marker in their environment)."""
     found = []
-    for p in psutil.process_iter():
+    for p in all_processes():
         try:
             if p.environ().get("SPMD_TEST_MARK") == mark:
                 found.append(p)
