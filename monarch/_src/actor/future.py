@@ -98,13 +98,8 @@ def mark_sync_actor_thread() -> None:
 #: (the sync actor's thread ident or the async actor's mailbox task, why). Weak: it costs
 #: nothing once the future is gone.
 _self_calls: weakref.WeakKeyDictionary[Future[Any], tuple[object, str]] = weakref.WeakKeyDictionary()
-#: Whether ``_self_calls`` was ever used: most processes never call their own actors, and the
-#: weak dictionary's length is a Python call on every wait.
-_any_self_calls = False
-
-
-#: Whether ``_self_calls`` ever had an entry: until then a wait looks nothing up (the mapping's
-#: ``len`` is a Python call, on every wait).
+#: Whether ``_self_calls`` ever had an entry: until then a wait looks nothing up (most
+#: processes never call their own actors, and the mapping's ``len`` is a Python call).
 _any_self_calls = False
 
 
