@@ -20,6 +20,26 @@ from monarch.actor import Actor, endpoint, this_host
 
 CHALLENGE_BYTES = 4 + 1 + 32
 
+#: A client that logs a record in a worker and in itself and prints both log files (worker's
+#: first), for the tests of where framework log files go.
+LOG_FILES_CLIENT = """
+import logging, os
+from monarch.actor import Actor, endpoint, this_host
+from monarch._src.runtime import framework_log
+
+class Where(Actor):
+    @endpoint
+    def log_file(self):
+        logging.getLogger("monarch.test").warning("a worker's record")
+        return framework_log.log_file()
+
+pm = this_host().spawn_procs(per_host={"gpus": 1})
+print(pm.spawn("where", Where).log_file.call_one().get(timeout=30))
+logging.getLogger("monarch.test").warning("the client's record")
+print(framework_log.log_file())
+pm.stop().get(timeout=10)
+"""
+
 
 class Probe(Actor):
     """Tells where its process is; ``ping`` answers what it is sent."""

@@ -16,25 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fault_helpers import LOG_FILES_CLIENT as CLIENT
 from helpers import run_python
 
 pytestmark = pytest.mark.timeout(60)
-
-CLIENT = """
-import logging
-from monarch.actor import Actor, endpoint, this_host
-from monarch._src.runtime import framework_log
-
-class Where(Actor):
-    @endpoint
-    def log_file(self):
-        logging.getLogger("monarch.test").warning("a worker's record")
-        return framework_log.log_file()
-
-pm = this_host().spawn_procs(per_host={"gpus": 1})
-print(pm.spawn("where", Where).log_file.call_one().get(timeout=30))
-pm.stop().get(timeout=10)
-"""
 
 
 @pytest.fixture
