@@ -42,21 +42,6 @@ POLL_SLICE_S = 1.0
 MAX_ADDRESSES = 32
 
 
-def ready_fds(poll: select.epoll, timeout: float, wake_fd: int) -> list[int]:
-    """The descriptors of ``poll`` ready within ``timeout`` seconds, but ``wake_fd`` (an
-    eventfd), which is only emptied: it just ends the wait."""
-    ready = []
-    for fd, _ in poll.poll(timeout):
-        if fd == wake_fd:
-            try:
-                os.eventfd_read(fd)
-            except BlockingIOError:
-                pass
-        else:
-            ready.append(fd)
-    return ready
-
-
 class _Held(threading.local):
     """The calling thread's lease of a reply address (a class default: most threads have none)."""
 
@@ -166,13 +151,19 @@ class ThreadAddress(ReplyAddress):
                     if slice_s <= 0:
                         return False
                 try:
-                    ready = ready_fds(self._own_poll, slice_s, self._wake_fd)
+                    events = self._own_poll.poll(slice_s)
                 except (OSError, ValueError):  # closed meanwhile
                     return None if not future.done() else True
-                for fd in ready:
-                    reader = self._by_fd.get(fd)
-                    if reader is not None:
-                        reader.read(True)
+                for fd, _ in events:
+                    if fd == self._wake_fd:
+                        try:
+                            os.eventfd_read(fd)
+                        except BlockingIOError:
+                            pass
+                    else:
+                        reader = self._by_fd.get(fd)
+                        if reader is not None:
+                            reader.read(True)
                 if self.closed and not future.done():
                     return None
             return True
