@@ -30,7 +30,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from monarch._src.runtime.loop_replies import AddressPool, ReplyAddress, RuntimeHooks
-from monarch._src.transport.socket_reader import SocketReader
+from monarch._src.transport.socket_reader import SocketReader, ready_fds
 
 if TYPE_CHECKING:
     from monarch._src.runtime.runtime import Runtime
@@ -151,19 +151,13 @@ class ThreadAddress(ReplyAddress):
                     if slice_s <= 0:
                         return False
                 try:
-                    events = self._own_poll.poll(slice_s)
+                    ready = ready_fds(self._own_poll, slice_s, self._wake_fd)
                 except (OSError, ValueError):  # closed meanwhile
                     return None if not future.done() else True
-                for fd, _ in events:
-                    if fd == self._wake_fd:
-                        try:
-                            os.eventfd_read(fd)
-                        except BlockingIOError:
-                            pass
-                    else:
-                        reader = self._by_fd.get(fd)
-                        if reader is not None:
-                            reader.read(True)
+                for fd in ready:
+                    reader = self._by_fd.get(fd)
+                    if reader is not None:
+                        reader.read(True)
                 if self.closed and not future.done():
                     return None
             return True
