@@ -227,6 +227,10 @@ class ReaderSet:
         return select.EPOLLIN if self._on else 0
 
     def _readable(self) -> None:
+        readers = list(self._by_fd.values())
+        if len(readers) == 1:  # (one peer, most often) no need to ask which: one syscall less
+            readers[0].read(False)  # (if it has more, or it ended, the set is readable again)
+            return
         try:
             ready = ready_fds(self._poll, 0)
         except (OSError, ValueError):  # closed
