@@ -9,6 +9,11 @@ reports an error at once (EPOLLERR; libuv, hence uvloop, would call a reader wat
 for that, and never again). It is read to its end all the same: every reply read, the drop
 settled at once, and the calls complete well before the runtime would have given up on the old
 connection (``behind.IDLE_S``); each ran once, and a later call works.
+
+The old connection may end on the loop's thread just before the runtime's loop reads the
+target's new hello: that hello is still answered with what the old connection read, so that the
+target sends again exactly the replies lost with it (not "unknown", which would leave them
+neither sent again nor failed).
 """
 
 from __future__ import annotations
