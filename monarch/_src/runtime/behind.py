@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 
 from monarch._src.transport.connection import IncomingConnection
@@ -34,7 +35,12 @@ logger = logging.getLogger("monarch.runtime")
 
 class Behind:
     """Holds the frames of ``new`` until ``old`` delivered ``written`` frames (past its hello)
-    or is closed (``release``); ``route_all(route, frames)`` then routes them, in order."""
+    or is closed (``release``); ``route_all(route, frames)`` then routes them, in order.
+
+    The connections of a reply address are read by its holder's thread, or the runtime's loop
+    (``loop_replies``): a frame of ``new`` may be read on one thread while ``release`` runs on
+    another. Under ``_lock``, such a frame is held until the last held ones were taken, then
+    routed as it comes: after them, never into a list nobody routes any more."""
 
     def __init__(
         self,
@@ -49,7 +55,11 @@ class Behind:
         self._new, self._old, self._written = new, old, written
         self._route, self._route_all = route, route_all
         self._frames: list[tuple[dict, list]] = []
-        self._released = False
+        #: ``release`` began (once), and the held frames were routed (from then on, frames of
+        #: ``new`` are routed as they come).
+        self._releasing = self._released = False
+        #: Held while a frame of ``new`` is held, and while ``release`` takes those held.
+        self._lock = threading.Lock()
         self._old_route = old.on_frame
         old.on_frame = self._old_frame
         self._paused = self._hold_frames_of(new)
@@ -75,15 +85,20 @@ class Behind:
         asks again on ``new``): ``new`` waits here in its place, its frames after those held,
         and is told instead. False, and nothing done, once released or ``old`` closed (the
         closed one was told then, or the count is in its drop, see ``Runtime._settle``)."""
-        if self._released or self._old.closed or not self._new.closed:
-            return False
-        self._new, self._route = new, route
-        self._paused = self._hold_frames_of(new)
+        with self._lock:
+            if self._releasing or self._old.closed or not self._new.closed:
+                return False
+            self._new, self._route = new, route
+            self._paused = self._hold_frames_of(new)
         logger.debug("%s: a newer connection waits for the old one in place of a closed one", new.peer)
         return True
 
     def _hold(self, header: dict, bodies: list) -> None:
-        self._frames.append((header, bodies))
+        with self._lock:
+            if not self._released:
+                self._frames.append((header, bodies))
+                return
+        self._route(header, bodies)  # read while released: after the frames held, as they went
 
     def _old_frame(self, header: dict, bodies: list) -> None:
         self._old_route(header, bodies)
@@ -105,14 +120,20 @@ class Behind:
 
     def release(self) -> None:
         """Route the frames held, in order, and read on (once; later calls do nothing)."""
-        if self._released:
-            return
-        self._released = True
+        with self._lock:
+            if self._releasing:
+                return
+            self._releasing = True
         self._new.tell_read(self._old.read_upto(self._written))  # unless told already (``old`` ended)
         self._old.on_frame = self._old_route
-        self._new.on_frame = self._route
-        frames, self._frames = self._frames, []
-        logger.debug("%s: the new connection's %d waiting frames go on", self._old.peer, len(frames))
-        self._route_all(self._route, frames)
+        logger.debug("%s: the new connection's %d waiting frames go on", self._old.peer, len(self._frames))
+        while True:  # (routed without the lock, which a thread reading ``new`` may wait on)
+            with self._lock:
+                frames, self._frames = self._frames, []
+                if not frames:  # every frame held was routed: the next ones go as they come
+                    self._released = True
+                    self._new.on_frame = self._route
+                    break
+            self._route_all(self._route, frames)
         if self._paused:
             self._new.transport.resume_reading()  # type: ignore[union-attr]

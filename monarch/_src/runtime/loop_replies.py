@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from monarch._src.transport import address as addresses
 from monarch._src.transport.connection import IncomingConnection
 from monarch._src.transport.listener import Listener
-from monarch._src.transport.socket_reader import SocketReader
+from monarch._src.transport.socket_reader import ReaderSet, SocketReader
 from monarch._src.wire.protocol import KIND, PORT_BATCH_KIND, PORT_KIND
 
 if TYPE_CHECKING:
@@ -287,12 +287,20 @@ class ReplyAddress:
 
 
 class _ReplyAddress(ReplyAddress):
-    """One reply address whose connections are read by the loop it is lent to."""
+    """One reply address whose connections are read by the loop it is lent to.
+
+    Past its hello, each connection is in two ``ReaderSet``s (nested epoll sets, each watched as
+    one descriptor, so that a socket's error never ends its watch, as uvloop's would): the one
+    its holder watches, and the one the runtime's loop watches, switched on while the holder
+    may not read."""
 
     def __init__(self, rt: Runtime, hooks: RuntimeHooks) -> None:
         super().__init__(rt, hooks)
         #: The loop reading replies now (None: only the runtime's).
         self._holder: asyncio.AbstractEventLoop | None = None
+        self._holder_set = ReaderSet()
+        self._loop_set = ReaderSet()
+        rt.loop_thread.call_soon(self._loop_set.watch, rt.loop)
         #: Threads of the holder blocked in ``Future.get()`` right now.
         self._blocked = 0
         #: A pulse sent to the holder has not run yet; it had not at the last check either.
@@ -303,12 +311,10 @@ class _ReplyAddress(ReplyAddress):
     # -- lending (the holder's thread) ------------------------------------------------------------
 
     def lend_to(self, loop: asyncio.AbstractEventLoop, sentinel: AsyncGenerator[None, None]) -> None:
+        self._holder_set.watch(loop)
         with self.lock:
             self._holder = loop
             self._pulse_pending = self._stuck = False
-            ready = list(self._ready)
-        for reader in ready:
-            reader.watch(loop)
         self._sentinel = sentinel
         try:  # registered with ``loop`` (its first-iteration hook), which closes it at shutdown
             sentinel.asend(None).send(None)
@@ -321,11 +327,9 @@ class _ReplyAddress(ReplyAddress):
             if self._holder is loop:
                 self._holder = None
             self._blocked = 0
-            readers = list(self._readers.values())
             self._sentinel = None
         self._rt.loop_thread.call_soon(self.settle)
-        for reader in readers:
-            reader.unwatch(loop)
+        self._holder_set.unwatch(loop)
 
     def end_sentinel(self) -> None:
         """(runtime's loop) The holder closed without shutting down its async generators: end
@@ -349,12 +353,6 @@ class _ReplyAddress(ReplyAddress):
 
         return unblock
 
-    def _watch_on_holder(self, loop: asyncio.AbstractEventLoop, reader: SocketReader) -> None:
-        """(``loop``'s thread) A connection authenticated while ``loop`` held this address."""
-        if self._holder is loop:
-            reader.watch(loop)
-        self._rt.loop_thread.call_soon(self.settle)
-
     # -- the runtime's loop -----------------------------------------------------------------------
 
     def check(self) -> None:
@@ -376,26 +374,28 @@ class _ReplyAddress(ReplyAddress):
         self._pulse_pending = False
 
     def settle(self) -> None:
-        """Watch from the runtime's loop every connection its holder may not read now."""
-        rt_loop = self._rt.loop
+        """Read from the runtime's loop too while the holder may not read now."""
         holder = self._holder
-        helping = (
+        self._loop_set.switch(
             holder is None
             or self._blocked > 0
             or self._stuck
             or holder.is_closed()
             or not holder.is_running()
         )
-        for reader in list(self._readers.values()):
-            if helping or reader not in self._ready or not reader.watched_by(holder):  # type: ignore[arg-type]
-                reader.watch(rt_loop)
-            else:
-                reader.unwatch(rt_loop)
 
     def _reader_ready(self, reader: SocketReader) -> None:
-        holder = self._holder
-        if holder is not None:
-            try:
-                holder.call_soon_threadsafe(self._watch_on_holder, holder, reader)
-            except RuntimeError:  # the holder closed: the runtime's loop reads on
-                pass
+        reader.unwatch(self._rt.loop)  # from now on through the sets (its handshake is over)
+        with self.lock:
+            if reader not in self._ready:  # it ended meanwhile
+                return
+            self._holder_set.add(reader)
+            self._loop_set.add(reader)
+
+    def _reader_gone(self, reader: SocketReader) -> None:
+        self._holder_set.discard(reader)
+        self._loop_set.discard(reader)
+
+    def close(self) -> None:
+        self._loop_set.unwatch(self._rt.loop)
+        super().close()

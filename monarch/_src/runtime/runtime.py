@@ -163,6 +163,9 @@ class Runtime:
         self._said_before: dict[IncomingConnection, tuple[Previous, IncomingConnection]] = {}
         #: Peers' connections that closed, until the peer's next hello settles what was lost.
         self._drops: dict[tuple[str, str], _Drop] = {}
+        #: Connections to a reply address whose close was accounted for before its report came
+        #: here (``_first_frame``): their report, still to come, is ignored.
+        self._closes_counted: set[IncomingConnection] = set()
         #: A peer's new connection whose frames wait for its old one (the key), until it closed.
         self._behind: dict[IncomingConnection, Behind] = {}
         #: While the loop routes the frames of one read: what they asked to run once it is
@@ -670,6 +673,13 @@ class Runtime:
         conn.start_acks()
         link = _link(conn)
         before = self._from_peer.get(link)
+        if before is not None and before.closed:
+            # A connection to a reply address, read by another thread (or earlier in this
+            # loop's turn), ended there, and its report (``incoming_closed``, sent here) has not
+            # run yet: its drop is recorded now, so that this hello settles it exactly.
+            self._incoming_closed(before, before.close_reason)
+            self._closes_counted.add(before)
+            before = None
         self._from_peer[link] = conn
         frames = header.get(PREVIOUS_FRAMES)
         if frames is None:
@@ -694,8 +704,8 @@ class Runtime:
             if drop.upto is None and self._wait_in_place(link, conn, route):
                 return
             self._settle(sender, drop, said, conn)
-        else:  # no record of it (its hello never read here, say)
-            conn.tell_read(None)
+        else:  # no record of it (its hello never read here, or given up on: ``_no_hello``)
+            self._settle_unknown(sender, said, conn)
 
     def _wait_in_place(self, link: tuple[str, str], conn: IncomingConnection, route: Handler) -> bool:
         """The peer's connection before ``conn`` closed while it waited behind an older one,
@@ -736,6 +746,9 @@ class Runtime:
         calls still running there complete over the new connection. A peer that exited is
         reported as lost instead (``on_peer_lost``)."""
         self._incoming.discard(conn)
+        if conn in self._closes_counted:  # as the peer's next hello came first (``_first_frame``)
+            self._closes_counted.discard(conn)
+            return
         peer = conn.peer
         if self.closed:
             return
@@ -772,8 +785,11 @@ class Runtime:
         were read, deliver the reports this process did not read and will not get again, and
         tell the upper layers which replies were lost."""
         frames, known_from, replies, reports, resent_from = said
-        teller.tell_read(drop.upto)
-        if resent_from is not None:  # what it still kept comes again: only the older are lost
+        told = drop.upto
+        teller.tell_read(told)
+        if resent_from is not None and told is not None:
+            # What it still kept comes again: only the older are lost (told that what was read
+            # is unknown, it sends none again).
             frames = max(drop.read, min(frames, resent_from))
         if drop.cut is not None and frames > drop.read:
             # The peer wrote the frame cut off here (or began to): it does not send it again. A
@@ -786,14 +802,49 @@ class Runtime:
         if frames <= drop.read:
             return  # every frame was read (a frame cut off is sent again): nothing lost
         # Lost: the frames from ``drop.read`` to ``frames``; those after come again.
+        self._frames_lost_from(peer, drop.reason, (frames, known_from, replies, reports), drop.read)
+
+    def _settle_unknown(self, peer: str, said: Previous, teller: IncomingConnection) -> None:
+        """``peer`` asks (on ``teller``) what was read of a connection this process kept no
+        record of (its hello was never read here, or its drop was given up on, ``_no_hello``):
+        it is told that this cannot be said, and sends none of its frames again, as any may
+        have been read. The calls whose replies it says it wrote there fail (every call waiting
+        on it, if it kept no record of some of those frames); failure reports among them are
+        delivered (once: a report of a rank already failed is ignored)."""
+        teller.tell_read(None)
+        frames, known_from, replies, reports, _ = said
+        if frames <= 0:
+            return
+        logger.warning(
+            "%s asks which of the %d frames it wrote on a connection to %s that closed were read, "
+            "and this process kept no record of that connection: the calls whose replies were "
+            "among them fail",
+            peer,
+            frames,
+            teller.local_address,
+        )
+        reason = ConnectionResetError(
+            f"a connection from {peer} to {teller.local_address} closed, and which of the "
+            f"{frames} messages it carried were read here is not known, so none is sent again"
+        )
+        self._frames_lost_from(peer, reason, (frames, known_from, replies, reports), 0)
+
+    def _frames_lost_from(
+        self, peer: str, reason: BaseException, said: tuple[int, int, list, list], read: int
+    ) -> None:
+        """The frames from ``read`` to ``frames`` that ``peer`` wrote on a connection that
+        closed may be lost, and are not sent again: deliver the failure reports among them and
+        fail the calls whose replies were among them (every call waiting on ``peer``, if it
+        kept no record of some of those frames: before ``known_from``)."""
+        frames, known_from, replies, reports = said
         for index, header in reports:
-            if drop.read <= index < frames and isinstance(header, dict):
+            if read <= index < frames and isinstance(header, dict):
                 self.dispatch(header, [])
-        if drop.read >= known_from:
-            lost = [port_id for index, port_id in replies if drop.read <= index < frames]
+        if read >= known_from:
+            lost = [port_id for index, port_id in replies if read <= index < frames]
             for cb in self._replies_lost:
                 try:
-                    cb(peer, drop.reason, lost)
+                    cb(peer, reason, lost)
                 except Exception:
                     logger.exception("replies-lost callback failed")
             return
@@ -801,11 +852,11 @@ class Runtime:
         logger.error(
             "%d frames from %s were lost with its connection (%s), more than it kept a record "
             "of: failure reports among the oldest of them may be lost",
-            frames - drop.read,
+            frames - read,
             peer,
-            drop.reason,
+            reason,
         )
-        for fn in self._when_found_alive(peer, drop.reason, replies=True):
+        for fn in self._when_found_alive(peer, reason, replies=True):
             fn(frozenset())
 
     def _no_hello(self, link: tuple[str, str], drop: _Drop) -> None:

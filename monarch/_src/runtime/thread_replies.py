@@ -9,8 +9,8 @@ call made on a thread with no running event loop names a reply address lent to t
 runtime's loop, as every connection is); while the thread waits in ``get()``, it reads that
 address's connections itself, so a reply wakes it directly, as in a bare socket program.
 
-Each of those connections is in two epoll sets: the runtime loop's (which that loop watches as
-one descriptor) and the holder's own (with the holder's wake-up descriptor). While the holder
+Each of those connections is in two epoll sets: the runtime loop's (a ``ReaderSet``, which that
+loop watches as one descriptor) and the holder's own (with the holder's wake-up descriptor). While the holder
 waits, its connections are switched off in the runtime loop's set (an ``epoll_ctl`` from the
 holder's own thread: no hop to the loop), so only the holder wakes for them; at any other time
 the runtime's loop reads them, so no reply waits on a thread busy elsewhere. Whoever reads does
@@ -30,7 +30,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from monarch._src.runtime.loop_replies import AddressPool, ReplyAddress, RuntimeHooks
-from monarch._src.transport.socket_reader import SocketReader
+from monarch._src.transport.socket_reader import ReaderSet, SocketReader, ready_fds
 
 if TYPE_CHECKING:
     from monarch._src.runtime.runtime import Runtime
@@ -114,7 +114,7 @@ class ThreadAddress(ReplyAddress):
     def __init__(self, rt: Runtime, hooks: RuntimeHooks) -> None:
         super().__init__(rt, hooks)
         #: Connections the runtime's loop reads: all of them, but while the holder waits.
-        self._loop_poll = select.epoll()
+        self._loop_set = ReaderSet()
         #: Connections the holder reads while it waits, and its wake-up descriptor.
         self._own_poll = select.epoll()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -123,10 +123,10 @@ class ThreadAddress(ReplyAddress):
         self.waker = _Wake(self._wake_fd, 0)
         #: Connections that said hello, by descriptor.
         self._by_fd: dict[int, SocketReader] = {}
-        #: The holder is in ``wait`` (its connections are off in ``_loop_poll``).
+        #: The holder is in ``wait`` (its connections are off in ``_loop_set``).
         self._waiting = False
         self.closed = False
-        rt.loop_thread.call_soon(rt.loop.add_reader, self._loop_poll.fileno(), self._loop_readable)
+        rt.loop_thread.call_soon(self._loop_set.watch, rt.loop)
 
     def lend_to(self, ident: int) -> None:
         self.waker = _Wake(self._wake_fd, ident)
@@ -141,7 +141,7 @@ class ThreadAddress(ReplyAddress):
             if self.closed or self._waiting:
                 return None
             self._waiting = True
-            self._loop_reads(False)
+            self._loop_set.switch(False)
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             while not future.done():
@@ -151,19 +151,13 @@ class ThreadAddress(ReplyAddress):
                     if slice_s <= 0:
                         return False
                 try:
-                    events = self._own_poll.poll(slice_s)
+                    ready = ready_fds(self._own_poll, slice_s, self._wake_fd)
                 except (OSError, ValueError):  # closed meanwhile
                     return None if not future.done() else True
-                for fd, _ in events:
-                    if fd == self._wake_fd:
-                        try:
-                            os.eventfd_read(fd)
-                        except BlockingIOError:
-                            pass
-                    else:
-                        reader = self._by_fd.get(fd)
-                        if reader is not None:
-                            reader.read(True)
+                for fd in ready:
+                    reader = self._by_fd.get(fd)
+                    if reader is not None:
+                        reader.read(True)
                 if self.closed and not future.done():
                     return None
             return True
@@ -171,57 +165,35 @@ class ThreadAddress(ReplyAddress):
             with self.lock:
                 self._waiting = False
                 if not self.closed:
-                    self._loop_reads(True)
-
-    def _loop_reads(self, on: bool) -> None:
-        """Switch the runtime loop's reading of every connection on or off (lock held)."""
-        mask = select.EPOLLIN if on else 0
-        for fd in self._by_fd:
-            try:
-                self._loop_poll.modify(fd, mask)
-            except OSError:  # closing: ``_closed`` is about to drop it
-                pass
+                    self._loop_set.switch(True)
 
     # -- the runtime's loop -------------------------------------------------------------------------
 
     def _reader_ready(self, reader: SocketReader) -> None:
-        reader.unwatch(self._rt.loop)  # from now on through ``_loop_poll``, or the holder
+        reader.unwatch(self._rt.loop)  # from now on through ``_loop_set``, or the holder
         fd = reader.fileno()
         with self.lock:
             if self.closed:
                 return
             self._by_fd[fd] = reader
-            self._loop_poll.register(fd, 0 if self._waiting else select.EPOLLIN)
+            self._loop_set.add(reader)  # (switched off while the holder waits)
             self._own_poll.register(fd, select.EPOLLIN)
-
-    def _loop_readable(self) -> None:
-        try:
-            events = self._loop_poll.poll(0)
-        except (OSError, ValueError):  # closed
-            return
-        for fd, _ in events:
-            reader = self._by_fd.get(fd)
-            if reader is not None:
-                reader.read(False)
 
     def _reader_gone(self, reader: SocketReader) -> None:
         fd = reader.fileno()
+        self._loop_set.discard(reader)
         if self._by_fd.get(fd) is reader:
             del self._by_fd[fd]
-            for poll in (self._loop_poll, self._own_poll):
-                try:
-                    poll.unregister(fd)
-                except (OSError, ValueError):
-                    pass
+            try:
+                self._own_poll.unregister(fd)
+            except (OSError, ValueError):
+                pass
 
     def close(self) -> None:
         """(runtime's loop) Also wakes a holder waiting now (it then waits without this address);
         the descriptors stay open, as a future may still release the holder's wake-up."""
         with self.lock:
             self.closed = True
-        try:
-            self._rt.loop.remove_reader(self._loop_poll.fileno())
-        except (ValueError, OSError):
-            pass
+        self._loop_set.unwatch(self._rt.loop)
         super().close()
         os.eventfd_write(self._wake_fd, 1)

@@ -9,12 +9,16 @@ the runtime's. Whoever is woken reads under the reader's lock, so frames are par
 delivered one connection's worth at a time, in order, whatever thread reads them.
 
 Each loop adds and removes its own watch on its own thread (asyncio's readers are not
-thread-safe); the socket is closed once no open loop watches it.
+thread-safe); the socket is closed once no open loop watches it. A loop that reads a connection
+past its handshake watches it through a ``ReaderSet`` instead: one nested epoll set, which the
+loop watches as one descriptor (see there why).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import select
 import socket
 import threading
 from typing import Any
@@ -62,9 +66,6 @@ class SocketReader(asyncio.Transport):
 
     def fileno(self) -> int:
         return self._fd
-
-    def watched_by(self, loop: asyncio.AbstractEventLoop) -> bool:
-        return loop in self._watchers
 
     def _open_watchers(self) -> list[asyncio.AbstractEventLoop]:
         return [w for w in self._watchers if not w.is_closed()]
@@ -148,3 +149,93 @@ class SocketReader(asyncio.Transport):
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     return asyncio._get_running_loop()
+
+
+def ready_fds(poll: select.epoll, timeout: float, wake_fd: int = -1) -> list[int]:
+    """The descriptors of ``poll`` ready within ``timeout`` seconds, but ``wake_fd`` (an
+    eventfd), which is only emptied: it just ends the wait."""
+    ready = []
+    for fd, _ in poll.poll(timeout):
+        if fd == wake_fd:
+            try:
+                os.eventfd_read(fd)
+            except BlockingIOError:
+                pass
+        else:
+            ready.append(fd)
+    return ready
+
+
+class ReaderSet:
+    """Connections (``SocketReader``) that an event loop watches as ONE descriptor: a nested
+    epoll set, whose ready sockets it reads whenever the set is readable.
+
+    Not each socket with ``add_reader``: libuv, hence uvloop, stops watching a descriptor for
+    good once it reports an error (EPOLLERR: a TCP reset, a Unix peer that closed with data
+    unread), having called its reader once at most; a socket whose error came with frames still
+    unread would never be read to its end (never closed, its lost frames never settled, its
+    peer's new connection waiting behind it). The set itself only ever reports that it is
+    readable, and reports each socket, level-triggered, for as long as it has anything left.
+    Sockets are added, removed and switched on or off from any thread (``epoll_ctl``: no hop to
+    the loop)."""
+
+    def __init__(self) -> None:
+        self._poll = select.epoll()
+        self._by_fd: dict[int, SocketReader] = {}
+        #: Whether the loop reads the sockets now (``switch``).
+        self._on = True
+        self._lock = threading.Lock()
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(``loop``'s thread) Read the sockets whenever ``loop`` finds one readable."""
+        loop.add_reader(self._poll.fileno(), self._readable)
+
+    def unwatch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(``loop``'s thread, or any thread once ``loop`` is closed)"""
+        if not loop.is_closed():
+            loop.remove_reader(self._poll.fileno())
+
+    def add(self, reader: SocketReader) -> None:
+        with self._lock:
+            self._by_fd[reader.fileno()] = reader
+            self._poll.register(reader.fileno(), self._mask())
+
+    def discard(self, reader: SocketReader) -> None:
+        """(before ``reader``'s socket closes)"""
+        fd = reader.fileno()
+        with self._lock:
+            if self._by_fd.get(fd) is reader:
+                del self._by_fd[fd]
+                try:
+                    self._poll.unregister(fd)
+                except (OSError, ValueError):
+                    pass
+
+    def switch(self, on: bool) -> None:
+        """Read the sockets from now on, or leave them to others (they stay in the set)."""
+        with self._lock:
+            if on == self._on:
+                return
+            self._on = on
+            for fd in self._by_fd:
+                try:
+                    self._poll.modify(fd, self._mask())
+                except OSError:  # closing: ``discard`` is about to drop it
+                    pass
+
+    def _mask(self) -> int:
+        return select.EPOLLIN if self._on else 0
+
+    def _readable(self) -> None:
+        readers = list(self._by_fd.values())
+        if len(readers) == 1:  # (one peer, most often) no need to ask which: one syscall less
+            readers[0].read(False)  # (if it has more, or it ended, the set is readable again)
+            return
+        try:
+            ready = ready_fds(self._poll, 0)
+        except (OSError, ValueError):  # closed
+            return
+        for fd in ready:
+            reader = self._by_fd.get(fd)
+            if reader is not None:
+                reader.read(False)
