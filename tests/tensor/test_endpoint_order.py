@@ -5,6 +5,7 @@ an endpoint that raises gives the shard back as one that returns does."""
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -50,6 +51,10 @@ class Holder(Actor):
         """The shard's value once ``gate`` exists (the test creates it)."""
         _wait_for(Path(gate).exists, f"{gate}")
         return x.tolist()
+
+    @endpoint
+    def both(self, x: torch.Tensor, y: torch.Tensor) -> list:
+        return [x.tolist(), y.tolist()]
 
     @endpoint
     def fail(self, x: torch.Tensor) -> None:
@@ -137,3 +142,21 @@ def test_ops_waiting_past_the_lend_timeout_fail_naming_the_actor(tmp_path: Path)
         assert seen.get(timeout=30) == [0.0, 0.0]
     finally:
         pm.stop().get(timeout=10)
+
+
+def test_a_call_with_two_tensors_gets_both(procs, holder) -> None:
+    with procs.activate():
+        x = torch.zeros(2)
+        y = torch.ones(2)
+    assert holder.both.call(x, y).get(timeout=30).item(gpus=1) == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_frees_of_another_mesh_sent_with_the_call_hold_nothing_back(procs, holder) -> None:
+    one = procs.slice(gpus=1)
+    with one.activate():
+        gone = torch.ones(1)
+    del gone
+    gc.collect()  # its id waits to be freed: it goes out with the next batch, the call's own
+    with procs.activate():
+        x = torch.zeros(2)
+    assert holder.hold_until.call(x, "/").get(timeout=30).item(gpus=1) == [0.0, 0.0]

@@ -136,6 +136,8 @@ class ActorInstance:
         #: ``when_message_done`` meanwhile waits here until the handler takes it.
         self._decoding = False
         self._message_done: list[Callable[[], None]] | None = None
+        #: What the arguments being unpickled share (``decoding_scratch``), until they are.
+        self._decoding_scratch: dict[str, Any] | None = None
         #: ``(rank, labels, sizes, point)`` of the last message's sender (see ``_begin``).
         self._last_point: tuple[Any, Any, Any, Point] = (None, None, None, SINGLETON_POINT)
 
@@ -428,6 +430,7 @@ class ActorInstance:
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)
         # What the arguments just unpickled asked to run when their message ends.
         done, self._message_done = self._message_done, None
+        self._decoding_scratch = None
         if fn is None:
             _run_callbacks(done)
             return
@@ -459,6 +462,7 @@ class ActorInstance:
         mailbox task awaits the endpoint's run directly, one coroutine per message."""
         fn, args, kwargs, reply, explicit = self._begin(header, bodies)
         done, self._message_done = self._message_done, None  # as in _handle_sync
+        self._decoding_scratch = None
         if fn is None:
             _run_callbacks(done)
             return None
@@ -712,6 +716,18 @@ def when_message_done(callback: Callable[[], None]) -> bool:
         inst._message_done = []
     inst._message_done.append(callback)
     return True
+
+
+def decoding_scratch() -> dict[str, Any] | None:
+    """A dict the arguments of the message this process is unpickling now share, for those
+    that must know of each other (a call's distributed tensors: the batches the last one waits
+    for, none of their lent shards may hold back); None outside such unpickling."""
+    inst = current_instance.get()
+    if inst is None or not inst._decoding:
+        return None
+    if inst._decoding_scratch is None:
+        inst._decoding_scratch = {}
+    return inst._decoding_scratch
 
 
 def _run_callbacks(callbacks: list[Callable[[], None]] | None) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from monarch._src.actor.actor import Actor
 from monarch._src.actor.endpoint import endpoint
-from monarch._src.actor.instance import may_still_run, when_message_done
+from monarch._src.actor.instance import decoding_scratch, may_still_run, when_message_done
 from monarch._src.actor.process_state import runtime, this_process
 from monarch._src.runtime.config import CONFIG
 
@@ -80,6 +80,10 @@ class Table:
         self.pinned: dict[int, float] = {}
         #: Pins lent to an endpoint call, by the key of the actor it goes to, until it ends.
         self.lent: dict[int, str] = {}
+        #: How many batches the actor a pin went to waits for (``local_shard``), once it said:
+        #: those were sent before its call, so a lent pin never holds them back. Unknown until
+        #: then (the pin holds back every later batch meanwhile).
+        self.needed: dict[int, int] = {}
         #: Whether the worker holds back a batch until lent pins are given back (diagnostics:
         #: an actor can see that the ops issued after its call wait for it).
         self.holding_back = False
@@ -110,26 +114,52 @@ class Table:
     def give_back(self, pin_id: int) -> None:
         """The endpoint a pin was lent to ended: later ops may run."""
         with self.changed:
+            self.needed.pop(pin_id, None)
             if self.lent.pop(pin_id, None) is not None:
                 self.changed.notify_all()
 
+    def wait_batches_for(self, pins: list[int], n: int, wait_s: float) -> bool:
+        """``wait_batches(n)`` for the message that takes ``pins``: the batches it waits for
+        were sent before its call (more than a pin's own: the frees of other meshes sent with
+        it, the pin of its next tensor), so its lent pins must not hold them back (see
+        ``wait_for_lent``)."""
+        with self.changed:
+            for pin_id in pins:
+                self.needed[pin_id] = max(self.needed.get(pin_id, 0), n)
+            self.changed.notify_all()
+        return self.wait_batches(n, wait_s)
+
+    def _holding_back(self) -> list[int]:
+        """(lock held) The lent pins that hold back the next batch: those whose actor may
+        still run and does not wait for that batch (or has not said yet what it waits for)."""
+        upto = self.batches_run
+        for pin_id, key in list(self.lent.items()):
+            if not may_still_run(key):
+                del self.lent[pin_id]
+                self.needed.pop(pin_id, None)
+        return [
+            p
+            for p, needed in ((p, self.needed.get(p)) for p in self.lent)
+            if needed is None or needed <= upto
+        ]
+
     def wait_for_lent(self, wait_s: float) -> list[str] | None:
-        """Wait until every endpoint lent a pin ended (or its actor can no longer run it);
-        after ``wait_s``, stop waiting and return the keys of the actors still holding them."""
+        """Wait until every endpoint lent a pin ended (or its actor can no longer run it, or
+        waits for this batch itself); after ``wait_s``, stop waiting and return the keys of
+        the actors still holding them."""
         deadline = time.monotonic() + wait_s
         with self.changed:
             self.holding_back = True
             try:
                 while True:
-                    for pin_id, key in list(self.lent.items()):
-                        if not may_still_run(key):
-                            del self.lent[pin_id]
-                    if not self.lent:
+                    holding = self._holding_back()
+                    if not holding:
                         return None
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        keys = sorted(set(self.lent.values()))
-                        self.lent.clear()
+                        keys = sorted({self.lent[p] for p in holding})
+                        for p in holding:
+                            del self.lent[p]
                         return keys
                     self.changed.wait(min(left, LENT_CHECK_S))
             finally:
@@ -140,6 +170,8 @@ class Table:
         actor per proc); raises its ``RemoteException``."""
         with self.changed:
             self.pinned.pop(pin_id, None)
+            if pin_id not in self.lent:  # (a lent pin's is dropped when it is given back)
+                self.needed.pop(pin_id, None)
             value = self.values.pop(pin_id, _MISSING)
             if value is not _MISSING:
                 return value
@@ -222,7 +254,11 @@ def local_shard(controller_key: str, pin_id: int, batches: dict[int, int]) -> An
             "HINT: pass it only to actors spawned on the procs of the mesh it lives on, or move "
             "it first with monarch.to_mesh."
         )
-    if not table.wait_batches(batches.get(table.rank, 0), VALUE_WAIT_S):
+    scratch = decoding_scratch()
+    pins = [pin_id] if scratch is None else scratch.setdefault("tensor_pins", [])
+    if scratch is not None:
+        pins.append(pin_id)
+    if not table.wait_batches_for(pins, batches.get(table.rank, 0), VALUE_WAIT_S):
         raise RuntimeError(f"the tensor ops issued before this call did not run within {VALUE_WAIT_S:.0f} s")
     if pin_id in table.lent and not when_message_done(lambda: table.give_back(pin_id)):
         table.give_back(pin_id)  # not unpickled as a message's argument: nothing to wait for
