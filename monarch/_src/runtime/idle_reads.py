@@ -45,9 +45,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from monarch._src.runtime.thread_replies import ready_fds
 from monarch._src.transport.connection import IncomingConnection
-from monarch._src.transport.socket_reader import SocketReader
+from monarch._src.transport.socket_reader import SocketReader, ready_fds
 
 if TYPE_CHECKING:
     from monarch._src.runtime.runtime import Runtime

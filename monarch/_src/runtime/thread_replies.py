@@ -42,21 +42,6 @@ POLL_SLICE_S = 1.0
 MAX_ADDRESSES = 32
 
 
-def ready_fds(poll: select.epoll, timeout: float, wake_fd: int) -> list[int]:
-    """The descriptors of ``poll`` ready within ``timeout`` seconds, but ``wake_fd`` (an
-    eventfd), which is only emptied: it just ends the wait."""
-    ready = []
-    for fd, _ in poll.poll(timeout):
-        if fd == wake_fd:
-            try:
-                os.eventfd_read(fd)
-            except BlockingIOError:
-                pass
-        else:
-            ready.append(fd)
-    return ready
-
-
 class _Held(threading.local):
     """The calling thread's lease of a reply address (a class default: most threads have none)."""
 
