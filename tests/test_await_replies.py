@@ -258,3 +258,24 @@ def test_in_process_actor_and_runtime_loop_keep_their_paths(procs1):
     # A reply to this process never travels over a socket to itself.
     assert not set(rt.frames_sent()) & rt.loop_replies.addresses
     assert rt.loop not in rt.loop_replies._lent
+
+
+@pytest.mark.timeout(60)
+def test_one_future_awaited_by_two_tasks_and_again_after_a_cancelled_await(procs1):
+    """The first await of a future is resolved by the future itself, any other by a callback:
+    every awaiter gets the reply, and one cancelled before it does not keep it from a later one."""
+    gate = procs1.spawn("gate", Gate)
+
+    async def main() -> list:
+        first = gate.wait.call_one()
+        cancelled = asyncio.ensure_future(_await(first))
+        await asyncio.sleep(0)  # it awaits the future now
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        second = gate.wait.call_one()
+        both = asyncio.gather(_await(second), _await(second))
+        await gate.release.call_one()
+        return [await asyncio.wait_for(_await(first), 10), *await asyncio.wait_for(both, 10)]
+
+    assert asyncio.run(main()) == ["done", "done", "done"]

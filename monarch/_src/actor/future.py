@@ -128,6 +128,7 @@ class Future(Generic[R]):
         "_lock",
         "_waiters",
         "_callbacks",
+        "_awaiting",
         "_replies_here",
         "__weakref__",
     )
@@ -139,6 +140,9 @@ class Future(Generic[R]):
     _lock: threading.Lock
     _waiters: list[Any] | None  # what each blocked get() waits on to be released; None until needed
     _callbacks: list[Callable[[Future[R]], None]] | None
+    #: The asyncio future of the first ``await`` of this one and its loop's thread, resolved
+    #: by ``_finish`` itself: the common ``await`` costs no done-callback (see ``_mirror_on``).
+    _awaiting: tuple[asyncio.Future[Any], int] | None
     #: Its outcome comes in replies sent to the thread that made the call, which reads them
     #: while it waits (``read_by_waiting_thread``); False: it is waited for on a lock.
     _replies_here: bool
@@ -157,9 +161,22 @@ class Future(Generic[R]):
             self._value, self._exc, self._state = value, exc, _DONE
             waiters, self._waiters = self._waiters, None
             callbacks, self._callbacks = self._callbacks, None
+            awaiting, self._awaiting = self._awaiting, None
         if waiters:
             for w in waiters:
                 w.release()
+        if awaiting is not None:
+            afut, loop_ident = awaiting
+            if threading.get_ident() != loop_ident:
+                try:
+                    afut.get_loop().call_soon_threadsafe(_copy_outcome, self, afut)
+                except RuntimeError:  # the awaiting loop has closed
+                    pass
+            elif not afut.done():  # (done: the awaiting task was cancelled)
+                if exc is None:
+                    afut.set_result(value)
+                else:
+                    afut.set_exception(exc)
         if callbacks:
             for cb in callbacks:
                 cb(self)
@@ -284,12 +301,19 @@ class Future(Generic[R]):
         return self._mirror_on(asyncio.get_running_loop())
 
     def _mirror_on(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[R]:
-        """``as_asyncio`` on ``loop``, the running loop of this thread."""
-        afut: asyncio.Future[R] = loop.create_future()
+        """``as_asyncio`` on ``loop``, the running loop of this thread. The first mirror is
+        resolved by ``_finish`` directly (``_awaiting``), any further one by a done-callback."""
+        import asyncio
+
+        afut: asyncio.Future[R] = asyncio.Future(loop=loop)  # (``create_future``, less a call)
+        loop_ident = threading.get_ident()
+        with self._lock:
+            if self._state != _DONE and self._awaiting is None:
+                self._awaiting = (afut, loop_ident)
+                return afut
         if self._state == _DONE:
             _copy_outcome(self, afut)
             return afut
-        loop_ident = threading.get_ident()
 
         def on_done(f: Future[R]) -> None:
             if threading.get_ident() == loop_ident:
@@ -304,8 +328,10 @@ class Future(Generic[R]):
         return afut
 
     def __await__(self) -> Generator[Any, None, R]:
+        # Not a generator itself: the awaiting task iterates the asyncio future's own (C)
+        # iterator, with no Python frame of this method to resume once the reply is in.
         if self._state == _DONE:
-            return self._outcome()
+            return _outcome_when_awaited(self)
         import asyncio
 
         loop = asyncio._get_running_loop()
@@ -316,7 +342,7 @@ class Future(Generic[R]):
             if guard is not None and guard[0] is asyncio.current_task() and self._state != _DONE:
                 raise RuntimeError(guard[1])
         flush_corked()  # as in get(): a burst this thread sent may be what it now waits for
-        return (yield from self._mirror_on(loop).__await__())
+        return self._mirror_on(loop).__await__()
 
     def __repr__(self) -> str:
         if self._state != _DONE:
@@ -324,6 +350,12 @@ class Future(Generic[R]):
         if self._exc is not None:
             return f"<monarch.actor.Future exception={self._exc!r}>"
         return f"<monarch.actor.Future result={self._value!r}>"
+
+
+def _outcome_when_awaited(f: Future[R]) -> Generator[Any, None, R]:
+    """What ``await`` of the resolved ``f`` iterates: its outcome at once, never suspending."""
+    return f._outcome()
+    yield  # (unreachable: makes this a generator)
 
 
 def _copy_outcome(f: Future[Any], afut: asyncio.Future[Any]) -> None:
@@ -353,6 +385,7 @@ def pending_future() -> Future[Any]:
     f._lock = threading.Lock()
     f._waiters = None
     f._callbacks = None
+    f._awaiting = None
     f._replies_here = False
     return f
 

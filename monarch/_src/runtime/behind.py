@@ -50,8 +50,12 @@ class Behind:
         written: int,
         route: Handler,
         route_all: Callable[[Handler, list[tuple[dict, list]]], None],
+        unrouted: Callable[[], int],
     ) -> None:
+        """``unrouted()``: how many frames ``old`` read (counted in ``frames_read``) are not
+        routed yet (read by an idle thread and on their way to the loop, ``idle_reads``)."""
         self._loop = loop
+        self._unrouted = unrouted
         self._new, self._old, self._written = new, old, written
         self._route, self._route_all = route, route_all
         self._frames: list[tuple[dict, list]] = []
@@ -102,7 +106,7 @@ class Behind:
 
     def _old_frame(self, header: dict, bodies: list) -> None:
         self._old_route(header, bodies)
-        if self._old.frames_read - 1 >= self._written:  # its hello is not counted
+        if self._old.frames_read - self._unrouted() - 1 >= self._written:  # its hello is not counted
             self.release()
 
     def _check(self) -> None:

@@ -98,7 +98,7 @@ def main() -> None:
             hook(config)
     _leave_when_parent_dies(config["death_fd"])
     listen = socket.socket(fileno=config["listen_fd"])
-    rt = Runtime(secret=secret, socket_dir=config["socket_dir"], listen_sock=listen)
+    rt = Runtime(secret=secret, socket_dir=config["socket_dir"], listen_sock=listen, idle_reads=True)
     while True:
         work = _main_queue.get()
         if isinstance(work, int):

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from monarch._src.runtime import job_files, shm
 from monarch._src.runtime.behind import Behind
 from monarch._src.runtime.config import CONFIG, transport_of_config
+from monarch._src.runtime.idle_reads import IdleReads
 from monarch._src.runtime.loop_replies import LoopReplies, RuntimeHooks
 from monarch._src.runtime.loop_thread import LoopThread
 from monarch._src.runtime.thread_replies import ThreadReplies
@@ -124,7 +125,11 @@ class Runtime:
         socket_dir: str,
         listen_sock: socket.socket | None = None,
         owns_socket_dir: bool = False,
+        idle_reads: bool = False,
     ) -> None:
+        """``idle_reads``: a sync actor's thread reads its messages itself while idle
+        (``idle_reads``; a worker's runtime: a client's loop reads its replies faster from
+        the loop's own transports)."""
         self.secret = secret
         # Settings first: a bad one raises before anything is made.
         #: What this process's listener, and those of the processes it spawns, listen on.
@@ -191,6 +196,14 @@ class Runtime:
             enabled=self._tls is None,
             addresses=self._reply_addresses,
         )
+        #: Peers' connections read by a sync actor's thread while it is idle (not under TLS).
+        self.idle_reads = IdleReads(
+            self,
+            enabled=idle_reads and self._tls is None,
+            closed=self._incoming_closed,
+            reject=self._reject,
+            read_routed=self._read_routed,
+        )
         self._handlers[SHM_GIVE_BACK_KIND] = self._shm.given_back_to_us
         self._peer_lost.append(lambda address, reason: self._shm.reclaim(address))
         with Runtime._instance_lock:
@@ -200,7 +213,10 @@ class Runtime:
                 hook(self)
             Runtime._instance = self
         self._listener = Listener(
-            self.loop, listen_sock, self._new_incoming, self._tls.server if self._tls else None
+            self.loop,
+            listen_sock,
+            self._new_incoming,
+            self._tls.server if self._tls else None,
         )
         self.loop_thread.call_soon(self._listener.start)
 
@@ -648,10 +664,12 @@ class Runtime:
             max_frame_bytes=self.max_frame_bytes,
             on_frame=lambda header, bodies: self._first_frame(conn, header, bodies),
             on_reject=self._reject,
-            on_close=self._incoming_closed,
+            on_close=self.idle_reads.ended if self.idle_reads.enabled else self._incoming_closed,
             name=f"<-{self.address}",
             local_address=self.address,
-            on_read_done=self._read_routed,
+            on_read_done=(lambda: self.idle_reads.read_done(conn))
+            if self.idle_reads.enabled
+            else self._read_routed,
             defer_cut_off=True,  # settled with the peer's next hello (``_settle``)
         )
         self._incoming.add(conn)
@@ -671,6 +689,8 @@ class Runtime:
         conn.peer = sender
         conn.first_index = header.get(FIRST_INDEX, 0)
         conn.start_acks()
+        if route is self._on_frame:
+            self.idle_reads.said_hello(conn)
         link = _link(conn)
         before = self._from_peer.get(link)
         if before is not None and before.closed:
@@ -725,18 +745,25 @@ class Runtime:
     ) -> None:
         """The peer's new connection ``conn`` said hello while ``before``, the one it replaces,
         may still have frames to read, older than ``conn``'s: ``conn``'s wait (``behind``)."""
-        if before.frames_read - 1 < written:  # its hello is not counted
-            self._behind[before] = Behind(self.loop, conn, before, written, route, self._route_held)
+        unrouted = functools.partial(self.idle_reads.unrouted, before)
+        if before.frames_read - unrouted() - 1 < written:  # its hello is not counted
+            self.idle_reads.pin(before)
+            self.idle_reads.pin(conn)  # until it is released
+            self._behind[before] = Behind(
+                self.loop, conn, before, written, route, functools.partial(self._route_held, conn), unrouted
+            )
         else:
             conn.tell_read(before.read_upto(written))
 
-    def _route_held(self, route: Handler, frames: list[tuple[dict, list]]) -> None:
-        """Route frames that waited (``behind``), as the frames of a read."""
+    def _route_held(self, conn: IncomingConnection, route: Handler, frames: list[tuple[dict, list]]) -> None:
+        """Route the frames of ``conn`` that waited (``behind``), as the frames of a read; from
+        now on its frames go straight to the router (an idle thread may read it)."""
         outside_read = self._after_read is None  # else the read being routed ends it
         for header, bodies in frames:
             route(header, bodies)
         if outside_read:
             self._read_routed()
+        self.idle_reads.said_hello(conn)
 
     def _incoming_closed(self, conn: IncomingConnection, reason: BaseException | None) -> None:
         """A peer's connection to this process closed. If the peer lives on (only the connection
@@ -889,6 +916,7 @@ class Runtime:
             self._listener.close()
             self.loop_replies.close()
             self.thread_replies.close()
+            self.idle_reads.close()
             outgoing = list(self._conns.values())
             # Deliver what was sent before shutdown (e.g. "actor stopped" notices), bounded.
             if outgoing:

@@ -195,6 +195,15 @@ class IncomingConnection(asyncio.BufferedProtocol):
             if self._on_read_done is not None:
                 self._on_read_done()
 
+    def swap_routing(
+        self, routing: tuple[FrameHandler, RejectHandler, Callable[[], None] | None]
+    ) -> tuple[FrameHandler, RejectHandler, Callable[[], None] | None]:
+        """Where frames, rejected frames and the end of each read go from now on (``routing``:
+        ``on_frame``, ``on_reject``, ``on_read_done``); returns where they went."""
+        before = (self.on_frame, self._on_reject, self._on_read_done)
+        self.on_frame, self._on_reject, self._on_read_done = routing
+        return before
+
     # -- telling the sender what was read (see ``read_count``) --------------------------------
 
     def start_acks(self) -> None:

@@ -21,6 +21,7 @@ import os
 import select
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from monarch._src.transport.connection import IncomingConnection
@@ -29,14 +30,22 @@ from monarch._src.transport.connection import IncomingConnection
 class SocketReader(asyncio.Transport):
     """Feeds ``protocol`` from ``sock``; its transport (the handshake's writes, ``close``)."""
 
-    def __init__(self, sock: socket.socket, protocol: IncomingConnection) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        protocol: IncomingConnection,
+        pause: Callable[[bool], None] | None = None,
+    ) -> None:
+        """``pause(paused)``: how its owner stops and resumes reading it (``pause_reading``); a
+        reader without one cannot pause (its frames then queue in the protocol's owner)."""
         super().__init__()
+        self._pause = pause
         self._sock = sock
         self._fd = sock.fileno()
         self._protocol = protocol
         #: Held while reading and delivering, and while ending: one thread at a time, in socket
         #: order (reentrant: the protocol may end the connection from inside a read).
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         #: The loops watching the socket now (each adds and removes itself on its own thread).
         self._watchers: set[asyncio.AbstractEventLoop] = set()
         self._watch_lock = threading.Lock()
@@ -76,29 +85,33 @@ class SocketReader(asyncio.Transport):
         """Read what the socket has and deliver its frames; ``wait``: if another thread is
         reading it now, wait for it and read after it (else leave the reading to it: it reads
         on while anything is left)."""
-        if not self._lock.acquire(wait):
+        if not self.lock.acquire(wait):
             return
         try:
-            if self._ended:
-                return
-            proto = self._protocol
-            try:
-                n = self._sock.recv_into(proto.get_buffer(-1))
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                self._end(e)
-                return
-            if not n:
-                self._end(None)
-                return
-            proto.buffer_updated(n)
+            self.read_locked()
         finally:
-            self._lock.release()
+            self.lock.release()
+
+    def read_locked(self) -> None:
+        """``read``, by a thread that holds ``lock``."""
+        if self._ended:
+            return
+        proto = self._protocol
+        try:
+            n = self._sock.recv_into(proto.get_buffer(-1))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._end(e)
+            return
+        if not n:
+            self._end(None)
+            return
+        proto.buffer_updated(n)
 
     def _end(self, exc: Exception | None) -> None:
         """The connection is over: the protocol hears of it, every watcher lets the socket go."""
-        with self._lock, self._watch_lock:
+        with self.lock, self._watch_lock:
             if self._ended:
                 return
             self._ended = True
@@ -107,7 +120,7 @@ class SocketReader(asyncio.Transport):
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        with self._lock:
+        with self.lock:
             self._protocol.connection_lost(exc)
         here = _running_loop()
         for loop in watchers:
@@ -133,6 +146,16 @@ class SocketReader(asyncio.Transport):
             return
         if sent != len(data):
             self._end(None)
+
+    def pause_reading(self) -> None:
+        if self._pause is None:
+            raise NotImplementedError
+        self._pause(True)
+
+    def resume_reading(self) -> None:
+        if self._pause is None:
+            raise NotImplementedError
+        self._pause(False)
 
     def abort(self) -> None:
         self._end(None)
