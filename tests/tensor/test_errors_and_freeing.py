@@ -79,3 +79,18 @@ def test_a_dropped_handle_is_freed_with_the_next_batch(procs):
     del big
     gc.collect()
     assert remote_values(procs) == base
+
+
+def test_handles_freed_on_two_meshes_of_the_same_procs_free_their_values(procs):
+    baseline = remote_values(procs)
+    flat = procs.flatten("all")  # the same procs, another shape: a mesh of its own to the engine
+    with procs.activate():
+        a = torch.ones(2)
+    with flat.activate():
+        b = torch.ones(2)
+    with procs.activate():
+        c = a + 1
+    assert remote_values(procs) == [v + 3 for v in baseline]
+    del a, b, c
+    gc.collect()
+    assert remote_values(procs) == baseline  # each mesh's frees went out, whichever is active

@@ -95,7 +95,9 @@ class Controller:
         self.worker_key = _actor_key(workers)
         self.lock = threading.RLock()
         self.ids = itertools.count(1)
-        self.contexts: dict[tuple[str, ...], MeshContext] = {}
+        #: By procs and shape: meshes of the same procs in other shapes (``flatten``, ``rename``)
+        #: are meshes of their own, each with its tensors and frees.
+        self.contexts: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]], MeshContext] = {}
         self.pending: list[tuple] = []
         self.pending_ctx: MeshContext | None = None
         #: Batches sent to each proc, by root rank: a tensor sent to an actor carries these
@@ -107,11 +109,12 @@ class Controller:
         self.world_store: Any = None
 
     def context(self, mesh: ProcMesh) -> MeshContext:
-        addresses = tuple(mesh.proc_addresses())
+        extent = mesh.extent
+        key = (tuple(mesh.proc_addresses()), tuple(extent.labels), tuple(extent.sizes))
         with self.lock:
-            ctx = self.contexts.get(addresses)
-            if ctx is None or ctx.extent != mesh.extent:
-                ctx = self.contexts[addresses] = MeshContext(self, mesh)
+            ctx = self.contexts.get(key)
+            if ctx is None:
+                ctx = self.contexts[key] = MeshContext(self, mesh)
             return ctx
 
     def record(
