@@ -137,11 +137,7 @@ class Table:
             if not may_still_run(key):
                 del self.lent[pin_id]
                 self.needed.pop(pin_id, None)
-        return [
-            p
-            for p, needed in ((p, self.needed.get(p)) for p in self.lent)
-            if needed is None or needed <= upto
-        ]
+        return [p for p in self.lent if self.needed.get(p, upto) <= upto]  # (unknown: held back)
 
     def wait_for_lent(self, wait_s: float) -> list[str] | None:
         """Wait until every endpoint lent a pin ended (or its actor can no longer run it, or
@@ -255,9 +251,8 @@ def local_shard(controller_key: str, pin_id: int, batches: dict[int, int]) -> An
             "it first with monarch.to_mesh."
         )
     scratch = decoding_scratch()
-    pins = [pin_id] if scratch is None else scratch.setdefault("tensor_pins", [])
-    if scratch is not None:
-        pins.append(pin_id)
+    pins = [] if scratch is None else scratch.setdefault("tensor_pins", [])
+    pins.append(pin_id)
     if not table.wait_batches_for(pins, batches.get(table.rank, 0), VALUE_WAIT_S):
         raise RuntimeError(f"the tensor ops issued before this call did not run within {VALUE_WAIT_S:.0f} s")
     if pin_id in table.lent and not when_message_done(lambda: table.give_back(pin_id)):
