@@ -45,7 +45,10 @@ def may_wait(bodies: list) -> bool:
     stream = bodies[0]
     if type(stream) is not bytearray and type(stream) is not bytes:
         return True
-    return any(name in stream for name in WAITING_GLOBALS)
+    for name in WAITING_GLOBALS:  # (a loop: a generator costs more than the search)
+        if name in stream:
+            return True
+    return False
 
 
 async def off_loop(work: Callable[[], T], thread_name: str) -> Callable[[], T]:

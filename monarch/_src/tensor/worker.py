@@ -273,11 +273,6 @@ def local_shard(controller_key: str, pin_id: int, batches: dict[int, int]) -> An
         ) from None
 
 
-# An async actor's message carrying a distributed tensor is unpickled off the proc's event loop:
-# the wait above must stall neither the loop nor the running call holding a shard it waits for.
-unpickling_may_wait(local_shard)
-
-
 def resolve(value: Any, table: Table) -> Any:
     """``value`` with every ``Ref`` replaced by its local tensor (tuples, lists, dicts walked)."""
     if type(value) is Ref:
@@ -308,6 +303,10 @@ class TensorWorker(Actor):
         address = self.address = runtime().address
         self.rank = root_addresses.index(address)
         self.root_addresses = root_addresses
+        # From now on ``local_shard`` may wait in this process (it needs the table): an async
+        # actor's message carrying a distributed tensor is unpickled off the event loop, whose
+        # wait must stall neither the loop nor a running call holding a shard it waits for.
+        unpickling_may_wait(local_shard)
         self.table = tables[controller_key] = Table(self.rank)
         self.controller_key = controller_key
         self.batches = 0
