@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
 import monarch
-from monarch.actor import Actor, ActorMesh, ProcMesh, concurrent_endpoint, endpoint
+from monarch.actor import Actor, ActorMesh, Future, ProcMesh, concurrent_endpoint, endpoint
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -86,51 +87,50 @@ def gate(one: ProcMesh) -> ActorMesh[Gate]:
     return one.spawn("gate", Gate)
 
 
-def test_a_concurrent_call_holding_a_shard_ends_while_a_later_tensor_waits(one, gate) -> None:
-    holder = one.spawn("async_holder", AsyncHolder, gate)
+def _read_behind_a_held_shard(one: ProcMesh, hold: Any, read: Any) -> tuple[Future, Future]:
+    """``hold(x)``, lent x's shard until the gate opens; ``x.add_(1)``, issued after it and so
+    held back until then; ``read(x)``, whose tensor waits for that op: the two calls."""
     with one.activate():
         x = torch.zeros(2)
-    held = holder.hold.call_one(x)  # lent x's shard until the gate opens
+    held = hold.call_one(x)
     with one.activate():
-        x.add_(1)  # held back by the lent shard until hold returns
-    read = holder.read.call_one(x)  # its tensor waits for add_, so for hold
-    assert gate.ping.call_one().get(timeout=ANSWER_S) == "pong"  # the proc's loop answers meanwhile
-    assert not read.done()
+        x.add_(1)
+    return held, read.call_one(x)
+
+
+def _open_and_check(gate: ActorMesh[Gate], held: Future, read: Future) -> None:
+    """Open the gate: the holding call ends having seen x before the op, then the reading call
+    sees x after it."""
     gate.open.call_one().get(timeout=ANSWER_S)
     assert held.get(timeout=ANSWER_S) == [0.0, 0.0]
-    assert read.get(timeout=ANSWER_S) == [1.0, 1.0]  # the op issued before it, once hold ended
+    assert read.get(timeout=ANSWER_S) == [1.0, 1.0]
+
+
+def test_a_concurrent_call_holding_a_shard_ends_while_a_later_tensor_waits(one, gate) -> None:
+    holder = one.spawn("async_holder", AsyncHolder, gate)
+    held, read = _read_behind_a_held_shard(one, holder.hold, holder.read)
+    assert gate.ping.call_one().get(timeout=ANSWER_S) == "pong"  # the proc's loop answers meanwhile
+    assert not read.done()
+    _open_and_check(gate, held, read)
 
 
 def test_a_shard_held_by_another_async_actor_blocks_no_loop(one, gate) -> None:
     holder = one.spawn("async_holder_in_turn", AsyncHolder, gate)
     reader = one.spawn("async_reader", AsyncHolder, gate)
-    with one.activate():
-        x = torch.zeros(2)
-    held = holder.hold_in_turn.call_one(x)
-    with one.activate():
-        x.add_(1)
-    read = reader.read_in_turn.call_one(x)
+    held, read = _read_behind_a_held_shard(one, holder.hold_in_turn, reader.read_in_turn)
     assert gate.ping.call_one().get(timeout=ANSWER_S) == "pong"
-    gate.open.call_one().get(timeout=ANSWER_S)
-    assert held.get(timeout=ANSWER_S) == [0.0, 0.0]
-    assert read.get(timeout=ANSWER_S) == [1.0, 1.0]
+    assert not read.done()
+    _open_and_check(gate, held, read)
 
 
 def test_a_later_call_starts_after_the_tensor_call_before_it(one, gate) -> None:
     """The mailbox's start order holds while a tensor waits: the call behind it waits too."""
     holder = one.spawn("async_holder_order", AsyncHolder, gate)
-    with one.activate():
-        x = torch.zeros(2)
-    held = holder.hold.call_one(x)
-    with one.activate():
-        x.add_(1)
-    read = holder.read.call_one(x)
+    held, read = _read_behind_a_held_shard(one, holder.hold, holder.read)
     after = holder.echo.call_one(7)
     assert gate.ping.call_one().get(timeout=ANSWER_S) == "pong"
     assert not after.done()  # behind read, whose tensor still waits
-    gate.open.call_one().get(timeout=ANSWER_S)
-    assert held.get(timeout=ANSWER_S) == [0.0, 0.0]
-    assert read.get(timeout=ANSWER_S) == [1.0, 1.0]
+    _open_and_check(gate, held, read)
     assert after.get(timeout=ANSWER_S) == 7
 
 

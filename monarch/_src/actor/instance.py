@@ -373,7 +373,7 @@ class ActorInstance:
             kind, header, bodies = dq.popleft()
             if kind == MESSAGE:
                 if WAITING_GLOBALS and self._unpickling_may_wait(bodies):
-                    bodies = await self._unpickle_off_loop(header, bodies)
+                    bodies = await _settled(self._unpickle_off_loop(header, bodies))
                 # Started here, not in a method of its own: one Python call less per message.
                 fn, args, kwargs, reply, explicit = self._begin(header, bodies)
                 done, self._message_done = self._message_done, None  # as in _handle_sync
@@ -424,10 +424,9 @@ class ActorInstance:
         may wait as they unpickle, and it is to be run (``_begin`` unpickles nothing else)."""
         return type(bodies) is list and may_wait(bodies) and self.failure is None and not self._stop_now
 
-    async def _unpickle_off_loop(self, header: dict, bodies: list) -> Callable[[], tuple[tuple, dict]]:
+    async def _unpickle_off_loop(self, header: dict, bodies: list) -> tuple[tuple, dict]:
         """(mailbox task) Unpickle an async actor's message on a thread (``unpickle_off_loop``),
-        the mailbox awaiting it, so no later message starts before; what gives the arguments
-        (or raises why they did not unpickle), for ``_begin``."""
+        the mailbox awaiting it, so no later message starts before it."""
         self._running, self._running_since = header[ENDPOINT], time.monotonic()  # (for stop reports)
 
         def unpickle() -> tuple[tuple, dict]:
@@ -480,7 +479,7 @@ class ActorInstance:
                 finally:
                     self._decoding = False
                 bodies.clear()  # the arguments own their buffers now; see _handle_sync
-            else:  # unpickled off the loop: its arguments, or its error raised here
+            else:  # unpickled off the loop (``_settled``): its arguments, or its error raised here
                 args, kwargs = bodies()
             if prop is not None:
                 fn, explicit = prop.method, prop.explicit_response_port

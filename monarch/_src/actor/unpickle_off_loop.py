@@ -51,55 +51,48 @@ def may_wait(bodies: list) -> bool:
     return False
 
 
-async def off_loop(work: Callable[[], T], thread_name: str) -> Callable[[], T]:
+async def off_loop(work: Callable[[], T], thread_name: str) -> T:
     """Run ``work`` on a thread of its own, in this context (it sees the actor it works for),
-    and wait for it without blocking the loop; returns what gives its result, or raises its
-    exception, when called. A thread of its own, not a pool's: each waits for its process's
-    work, which may wait in turn for a message behind another waiting one (a pool could be
-    full of those), and an actor's mailbox has at most one of them at a time."""
+    and wait for its result (or exception) without blocking the loop. A thread of its own, not
+    a pool's: each waits for its process's work, which may wait in turn for a message behind
+    another waiting one (a pool could be full of those), and an actor's mailbox has at most
+    one of them at a time."""
     import asyncio
 
     loop = asyncio.get_running_loop()
-    settled: asyncio.Future[Callable[[], T]] = loop.create_future()
+    settled: asyncio.Future[T] = loop.create_future()
     context = contextvars.copy_context()
 
     def run() -> None:
-        outcome = _outcome(context.run, work)
+        value: Any = None
+        error: BaseException | None = None
         try:
-            loop.call_soon_threadsafe(_settle, settled, outcome)
+            value = context.run(work)
+        except BaseException as e:  # noqa: B036 - raised again in the awaiting task
+            error = e
+        try:
+            loop.call_soon_threadsafe(_settle, settled, value, error)
         except RuntimeError:  # the loop closed meanwhile: nobody waits for it any more
             pass
 
     try:
         threading.Thread(target=run, name=thread_name, daemon=True).start()
     except RuntimeError as e:  # e.g. the process's thread or memory limit is reached
-        return _outcome(_no_thread, e)
+        raise RuntimeError(
+            f"no thread could be started to unpickle this message's arguments ({e}); they may "
+            "wait for work of this process, which must not block its event loop\n"
+            "HINT: the process may be at its thread limit (ulimit -u, the cgroup's pids.max) or out "
+            "of memory for another thread stack."
+        ) from e
     return await settled
 
 
-def _outcome(call: Callable[..., T], *args: Any) -> Callable[[], T]:
-    """``call(*args)`` settled: what gives its result, or raises its exception, when called."""
-    try:
-        value = call(*args)
-    except BaseException as e:  # noqa: B036 - raised again by the caller, where it is reported
-        error = e  # ``e`` itself is unbound once the block ends
-
-        def reraise() -> T:
-            raise error
-
-        return reraise
-    return lambda: value
-
-
-def _no_thread(cause: RuntimeError) -> Any:
-    raise RuntimeError(
-        f"no thread could be started to unpickle this message's arguments ({cause}); they may "
-        "wait for work of this process, which must not block its event loop\n"
-        "HINT: the process may be at its thread limit (ulimit -u, the cgroup's pids.max) or out "
-        "of memory for another thread stack."
-    ) from cause
-
-
-def _settle(settled: Any, outcome: Callable[[], Any]) -> None:
-    if not settled.done():  # (not if the awaiting mailbox task was cancelled)
-        settled.set_result(outcome)
+def _settle(settled: Any, value: Any, error: BaseException | None) -> None:
+    if settled.done():  # the awaiting mailbox task was cancelled
+        return
+    if error is None:
+        settled.set_result(value)
+    elif isinstance(error, StopIteration):  # which a future refuses to hold
+        settled.set_exception(RuntimeError(f"unpickling raised {error!r}"))
+    else:
+        settled.set_exception(error)
