@@ -304,8 +304,8 @@ class TensorWorker(Actor):
         self.rank = root_addresses.index(address)
         self.root_addresses = root_addresses
         # From now on ``local_shard`` may wait in this process (it needs the table): an async
-        # actor's message carrying a distributed tensor is unpickled off the event loop, whose
-        # wait must stall neither the loop nor a running call holding a shard it waits for.
+        # actor's message carrying a distributed tensor is unpickled off the event loop, so its
+        # wait stalls neither the loop nor a running call holding a shard it waits for.
         unpickling_may_wait(local_shard)
         self.table = tables[controller_key] = Table(self.rank)
         self.controller_key = controller_key
