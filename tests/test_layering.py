@@ -79,6 +79,7 @@ ACTOR_ORDER = [
     "messaging",
     "proc_mesh",
     # the instance and its dispatch
+    "unpickle_off_loop",
     "instance",
     "dispatch",
 ]

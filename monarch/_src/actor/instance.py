@@ -43,6 +43,7 @@ from monarch._src.actor.supervision import (
     owned_meshes,
     root_unhandled,
 )
+from monarch._src.actor.unpickle_off_loop import WAITING_GLOBALS, may_wait, off_loop
 from monarch._src.mesh.extent import Extent
 from monarch._src.mesh.point import Point
 from monarch._src.transport.cork import flush_corked
@@ -141,9 +142,11 @@ class ActorInstance:
         self.thread_ident: int | None = None
         #: The async actor's mailbox task, where ``await`` of a call to itself deadlocks.
         self.mailbox_task: asyncio.Task[Any] | None = None
-        #: True while a message's arguments are unpickled; what they register with
-        #: ``when_message_done`` meanwhile waits here until the handler takes it.
-        self._decoding = False
+        #: True while a message's arguments are unpickled by the thread running the mailbox,
+        #: or the ident of the thread unpickling them off the loop (``_unpickle_off_loop``);
+        #: what they register with ``when_message_done`` meanwhile waits here until the handler
+        #: takes it.
+        self._decoding: bool | int = False
         self._message_done: list[Callable[[], None]] | None = None
         #: What the arguments being unpickled share (``decoding_scratch``), until they are.
         self._decoding_scratch: dict[str, Any] | None = None
@@ -369,6 +372,8 @@ class ActorInstance:
                 await self._wakeup
             kind, header, bodies = dq.popleft()
             if kind == MESSAGE:
+                if WAITING_GLOBALS and self._unpickling_may_wait(bodies):
+                    bodies = await _settled(self._unpickle_off_loop(header, bodies))
                 # Started here, not in a method of its own: one Python call less per message.
                 fn, args, kwargs, reply, explicit = self._begin(header, bodies)
                 done, self._message_done = self._message_done, None  # as in _handle_sync
@@ -414,12 +419,35 @@ class ActorInstance:
         except BaseException as e:  # noqa: B036 - any failure in __init__ fails the actor
             self._fail(e, "__init__")
 
+    def _unpickling_may_wait(self, bodies: list | tuple[tuple, dict]) -> bool:
+        """Whether this async actor's message must be unpickled off the loop: its arguments
+        may wait as they unpickle, and it is to be run (``_begin`` unpickles nothing else)."""
+        return type(bodies) is list and may_wait(bodies) and self.failure is None and not self._stop_now
+
+    async def _unpickle_off_loop(self, header: dict, bodies: list) -> tuple[tuple, dict]:
+        """(mailbox task) Unpickle an async actor's message on a thread (``unpickle_off_loop``),
+        the mailbox awaiting it, so no later message starts before it."""
+        self._running, self._running_since = header[ENDPOINT], time.monotonic()  # (for stop reports)
+
+        def unpickle() -> tuple[tuple, dict]:
+            self._decoding = threading.get_ident()
+            try:
+                return payload.loads(bodies)  # type: ignore[no-any-return]
+            finally:
+                self._decoding = False
+
+        arguments = await off_loop(unpickle, f"monarch-unpickle-{self.name}")
+        bodies.clear()  # the arguments own their buffers now; see _handle_sync
+        return arguments
+
     def _begin(
-        self, header: dict, bodies: list | tuple[tuple, dict]
+        self, header: dict, bodies: list | tuple[tuple, dict] | Callable[[], tuple[tuple, dict]]
     ) -> tuple[Callable[..., Any] | None, Any, Any, Port[Any] | None, bool]:
         """Mark the message running and decode it; returns (function, args, kwargs, reply port,
         explicit_port), the function None if there is nothing to run: a process stop means it
-        is not run, or the actor failed, or its arguments did not unpickle (each answered here)."""
+        is not run, or the actor failed, or its arguments did not unpickle (each answered here).
+        ``bodies``: pickled, or (args, kwargs) as they are from this process, or what gives
+        them once unpickled off the loop."""
         name = header[ENDPOINT]
         if self._stop_now:
             self._not_run(header, self._unrun)
@@ -444,13 +472,15 @@ class ActorInstance:
         try:
             if isinstance(bodies, tuple):  # immutable arguments from this process, as they are
                 args, kwargs = bodies
-            else:
+            elif isinstance(bodies, list):
                 self._decoding = True
                 try:
                     args, kwargs = payload.loads(bodies)
                 finally:
                     self._decoding = False
                 bodies.clear()  # the arguments own their buffers now; see _handle_sync
+            else:  # unpickled off the loop (``_settled``): its arguments, or its error raised here
+                args, kwargs = bodies()
             if prop is not None:
                 fn, explicit = prop.method, prop.explicit_response_port
             else:
@@ -744,7 +774,7 @@ def when_message_done(callback: Callable[[], None]) -> bool:
     An argument that lends the actor something of its process for the call (a distributed
     tensor's shard) gives it back so. False, with nothing registered, outside such unpickling."""
     inst = current_instance.get()
-    if inst is None or not inst._decoding:
+    if inst is None or not _decoding_here(inst):
         return False
     if inst._message_done is None:
         inst._message_done = []
@@ -757,11 +787,18 @@ def decoding_scratch() -> dict[str, Any] | None:
     that must know of each other (a call's distributed tensors: the batches the last one waits
     for, none of their lent shards may hold back); None outside such unpickling."""
     inst = current_instance.get()
-    if inst is None or not inst._decoding:
+    if inst is None or not _decoding_here(inst):
         return None
     if inst._decoding_scratch is None:
         inst._decoding_scratch = {}
     return inst._decoding_scratch
+
+
+def _decoding_here(inst: ActorInstance) -> bool:
+    """Whether this thread unpickles ``inst``'s message now (not: a concurrent endpoint of the
+    actor, run by the loop while a thread unpickles a message off the loop)."""
+    decoding = inst._decoding
+    return decoding is True or (decoding is not False and decoding == threading.get_ident())
 
 
 def _run_callbacks(callbacks: list[Callable[[], None]] | None) -> None:

@@ -26,6 +26,7 @@ from monarch._src.actor.actor import Actor
 from monarch._src.actor.endpoint import endpoint
 from monarch._src.actor.instance import decoding_scratch, may_still_run, when_message_done
 from monarch._src.actor.process_state import runtime, this_process
+from monarch._src.actor.unpickle_off_loop import unpickling_may_wait
 from monarch._src.runtime.config import CONFIG
 
 #: How long a reader waits for a value that an op not yet run will produce (an ``rref`` whose
@@ -254,7 +255,13 @@ def local_shard(controller_key: str, pin_id: int, batches: dict[int, int]) -> An
     pins = [] if scratch is None else scratch.setdefault("tensor_pins", [])
     pins.append(pin_id)
     if not table.wait_batches_for(pins, batches.get(table.rank, 0), VALUE_WAIT_S):
-        raise RuntimeError(f"the tensor ops issued before this call did not run within {VALUE_WAIT_S:.0f} s")
+        raise RuntimeError(
+            f"the tensor ops issued before this call did not run on rank {table.rank} within "
+            f"{VALUE_WAIT_S:.0f} s, so this distributed tensor argument has no value\n"
+            "HINT: an earlier op may still be running there, or an endpoint call given a shard of "
+            "this proc may not have returned (ops issued after it wait for it, see "
+            "MONARCH_TENSOR_LEND_TIMEOUT_S); make such an endpoint return sooner."
+        )
     if pin_id in table.lent and not when_message_done(lambda: table.give_back(pin_id)):
         table.give_back(pin_id)  # not unpickled as a message's argument: nothing to wait for
     try:
@@ -296,6 +303,10 @@ class TensorWorker(Actor):
         address = self.address = runtime().address
         self.rank = root_addresses.index(address)
         self.root_addresses = root_addresses
+        # From now on ``local_shard`` may wait in this process (it needs the table): an async
+        # actor's message carrying a distributed tensor is unpickled off the event loop, so its
+        # wait stalls neither the loop nor a running call holding a shard it waits for.
+        unpickling_may_wait(local_shard)
         self.table = tables[controller_key] = Table(self.rank)
         self.controller_key = controller_key
         self.batches = 0
