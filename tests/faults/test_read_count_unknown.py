@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 from actors import Gate
-from fault_helpers import Probe, authenticated_connection, worker_log
+from fault_helpers import Probe, authenticated_connection, on_loop, worker_log
 from helpers import wait_until
 
 from monarch._src.actor import port
@@ -167,15 +167,6 @@ def test_every_call_waiting_on_the_peer_fails_when_its_record_is_incomplete(gate
         assert mesh.wait.call_one().get(timeout=20) == "done"  # later calls work
     finally:
         caller.end()
-
-
-def on_loop(fn: Any) -> Any:
-    """``fn()`` run on this process's runtime loop."""
-
-    async def run() -> Any:
-        return fn()
-
-    return runtime().loop_thread.run_sync(run(), timeout=10)
 
 
 def waiting_behind(address: str) -> Behind | None:
