@@ -119,6 +119,16 @@ def authenticated_connection(address: str, timeout: float = 30.0) -> socket.sock
     return s
 
 
+def on_loop(fn: Any) -> Any:
+    """``fn()`` run on this process's runtime loop (whose tables it may look at or change)."""
+    from monarch._src.actor.process_state import runtime
+
+    async def run() -> Any:
+        return fn()
+
+    return runtime().loop_thread.run_sync(run(), timeout=10)
+
+
 def frame_head(header: dict) -> bytes:
     """Prefix and header of a frame (its bodies, of the lengths in header["b"], follow)."""
     head = msgpack.packb(header, use_bin_type=True)

@@ -14,24 +14,35 @@ incomplete, every call waiting on it fails.
 The peer here is this test, on a raw authenticated connection to a reply address of this
 process that the worker never connected to, saying it is the worker: deterministic, where a real
 drop would make this process answer "unknown" only in rare races.
+
+Where a record is kept, the answer is exact even after three faults: the old connection drops,
+its replacement waits behind it (the old one still carries replies) and drops too, and the next
+hello comes before that drop is seen here, or in the same turn of the loop as the ends of both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from actors import Gate
-from fault_helpers import Probe, authenticated_connection, worker_log
+from fault_helpers import Probe, authenticated_connection, on_loop, worker_log
+from helpers import wait_until
 
 from monarch._src.actor import port
 from monarch._src.actor.process_state import runtime
+from monarch._src.runtime.behind import Behind
 from monarch._src.transport import read_count
+from monarch._src.transport.connection import IncomingConnection
+from monarch._src.transport.socket_reader import SocketReader
+from monarch._src.wire import payload
 from monarch._src.wire.frame import encode_frame
-from monarch._src.wire.protocol import peer_hello
+from monarch._src.wire.protocol import peer_hello, port_value
 from monarch.actor import this_host
 
 pytestmark = pytest.mark.timeout(90)
@@ -90,12 +101,30 @@ def ask_what_was_read(address: str, sender: str, previous: tuple[int, int, list,
     """Say hello to ``address`` as ``sender``, replacing a connection that wrote ``previous``;
     the count this process answers."""
     with authenticated_connection(address) as raw:
-        raw.sendall(b"".join(bytes(b) for b in encode_frame(peer_hello(sender, previous), [], 1 << 30)))
-        record = b""
-        while len(record) < read_count.RECORD.size:
-            chunk = raw.recv(read_count.RECORD.size - len(record))
-            assert chunk, "the connection closed before this process answered"
-            record += chunk
+        raw.sendall(hello(sender, previous))
+        return answer(raw)
+
+
+def hello(sender: str, previous: tuple[int, int, list, list, int] | None = None) -> bytes:
+    return frame(peer_hello(sender, previous), [])
+
+
+def reply(port_id: int, value: Any) -> bytes:
+    """A reply frame, as the worker would send it to a call's port."""
+    return frame(port_value(port_id, 0, 0), payload.dumps(value))
+
+
+def frame(header: dict, bodies: list) -> bytes:
+    return b"".join(bytes(b) for b in encode_frame(header, bodies, 1 << 30))
+
+
+def answer(raw: socket.socket) -> int:
+    """The count this process tells on ``raw`` of what it read of the connection it replaces."""
+    record = b""
+    while len(record) < read_count.RECORD.size:
+        chunk = raw.recv(read_count.RECORD.size - len(record))
+        assert chunk, "the connection closed before this process answered"
+        record += chunk
     kind, count = read_count.RECORD.unpack(record)
     assert kind == read_count.PREVIOUS
     return count
@@ -137,4 +166,118 @@ def test_every_call_waiting_on_the_peer_fails_when_its_record_is_incomplete(gate
         assert mesh.release.call_one().get(timeout=20) == "released"
         assert mesh.wait.call_one().get(timeout=20) == "done"  # later calls work
     finally:
+        caller.end()
+
+
+def waiting_behind(address: str) -> Behind | None:
+    """(runtime loop) The wait of a connection to ``address`` behind an older one, if any."""
+    return next((w for old, w in runtime()._behind.items() if old.local_address == address), None)
+
+
+def incoming(address: str) -> dict[IncomingConnection, SocketReader]:
+    """(runtime loop) The connections to this process's reply address ``address``, and their
+    readers."""
+    (lent,) = [a for a in runtime().thread_replies._pool._all if a.address == address]
+    return dict(lent._readers)
+
+
+class TripleFault:
+    """The worker (this test, on raw connections) wrote two replies on its connection to a
+    calling thread's reply address, of which this process read the first: then that connection
+    dropped at its end, its replacement said hello (and waits behind it: the second reply is
+    not here yet), and dropped too before it was told anything; the next connection is
+    authenticated, its hello not sent yet."""
+
+    def __init__(self, worker: str, caller: CallingThread) -> None:
+        address = caller.address
+        self.old = authenticated_connection(address)
+        self.old.sendall(hello(worker) + reply(caller.ports[0], "zero"))
+        assert caller.calls[0].get(timeout=20) == "zero"
+        self.dropped = authenticated_connection(address)
+        said = (2, 0, [[0, caller.ports[0]], [1, caller.ports[1]]], [], 0)
+        self.dropped.sendall(hello(worker, said))
+        self.waiting = wait_until(lambda: on_loop(lambda: waiting_behind(address)), 10, "the wait behind")
+        self.next = authenticated_connection(address)
+        #: The replacement's hello says: of the frames from the first on (it wrote none itself
+        #: and numbers its frames on from the same one), how many were read?
+        self.next_hello = hello(worker, (0, 0, [], [], 0))
+
+    def close(self) -> None:
+        for raw in (self.old, self.dropped, self.next):
+            raw.close()
+
+
+@pytest.mark.parametrize("old_delivers", [True, False], ids=["old-delivers", "old-ends"])
+def test_a_hello_before_its_previous_connections_drop_is_seen_is_answered_exactly(
+    gate: tuple[Any, str], old_delivers: bool
+) -> None:
+    """The next hello comes while the dropped replacement is still open here (its end not
+    seen): the next connection waits in its place, and is told 2 once the old connection
+    delivered the second reply, or 1 once it ended without it (then it sends that reply
+    again); each call gets its value once. (It was told "unknown" at once: nothing was sent
+    again, and the second call waited forever.)"""
+    mesh, worker = gate
+    caller = CallingThread()
+    caller.call(mesh, worker, 2)
+    fault = TripleFault(worker, caller)
+    try:
+        replaced = fault.waiting._new
+        fault.next.sendall(fault.next_hello)
+        if old_delivers:
+            fault.old.sendall(reply(caller.ports[1], "one"))
+            assert answer(fault.next) == 2
+        else:
+            fault.old.close()
+            assert answer(fault.next) == 1
+            fault.next.sendall(reply(caller.ports[1], "one"))
+        assert caller.calls[1].get(timeout=20) == "one"
+        assert mesh.release.call_one().get(timeout=20) == "released"
+        # Closed here as replaced: its end was not seen here before the next hello.
+        wait_until(lambda: replaced.closed, 10, "the replaced connection to be closed here")
+        assert "replaced it before it was told" in str(replaced.close_reason), replaced.close_reason
+    finally:
+        fault.close()
+        caller.end()
+
+
+def test_a_hello_read_in_the_turn_that_read_its_previous_connections_ends_is_answered_exactly(
+    gate: tuple[Any, str],
+) -> None:
+    """The old connection and the dropped replacement end at the worker's end, and this
+    process's loop reads both ends and the next hello in one turn (it reads every ready
+    connection of an address in one callback), before the ends' reports run: the next
+    connection is told 1, sends the second reply again, and both calls get their values
+    once. (It was told "unknown": the old connection, closed, could not be waited behind.)"""
+    mesh, worker = gate
+    caller = CallingThread()
+    caller.call(mesh, worker, 2)
+    fault = TripleFault(worker, caller)
+    try:
+        conns = on_loop(lambda: incoming(caller.address))
+        entered, go = threading.Event(), threading.Event()
+
+        def one_turn() -> None:
+            """(the runtime loop) Read the three connections once the worker is done with them."""
+            entered.set()
+            assert go.wait(10)
+            for conn, reader in conns.items():  # in the order they were accepted: old first
+                reader.read(True)
+                assert conn.closed or conn.peer is not None
+
+        async def run() -> None:
+            one_turn()
+
+        turn = asyncio.run_coroutine_threadsafe(run(), runtime().loop)
+        assert entered.wait(10)
+        fault.old.close()
+        fault.dropped.close()
+        fault.next.sendall(fault.next_hello)
+        go.set()
+        turn.result(10)
+        assert answer(fault.next) == 1
+        fault.next.sendall(reply(caller.ports[1], "one"))
+        assert caller.calls[1].get(timeout=20) == "one"
+        assert mesh.release.call_one().get(timeout=20) == "released"
+    finally:
+        fault.close()
         caller.end()

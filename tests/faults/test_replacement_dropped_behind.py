@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_helpers import on_loop
 from helpers import freeze, wait_until
 
 import monarch.actor
@@ -94,15 +95,6 @@ def seen(record: Path) -> list[int]:
     return [int(line) for line in record.read_text().split()]
 
 
-def on_loop(fn: Any) -> Any:
-    """``fn()`` run on the client's runtime loop."""
-
-    async def run() -> Any:
-        return fn()
-
-    return runtime().loop_thread.run_sync(run(), timeout=10)
-
-
 def connections_from(peer: str) -> list[IncomingConnection]:
     """(loop thread) The client's open connections from ``peer`` to its own address."""
     rt = runtime()
@@ -154,6 +146,25 @@ def burst_unread(
 FAULTS: list[MeshFailure] = []
 
 
+def dropped_with_frames_unread(old: IncomingConnection) -> Any:
+    """Drop ``old`` at the worker's end (this process shuts down its own end for writing): the
+    worker's new connection then waits behind it here; that wait."""
+    on_loop(lambda: shut_down_writing(old))
+    return wait_until(
+        lambda: on_loop(lambda: runtime()._behind.get(old)), 10, "the new connection to wait behind"
+    )
+
+
+def each_ran_once_in_order(record: Path, answers: list[Any]) -> None:
+    """Every broadcast of the burst ran once, in order; every call returned its value; no fault."""
+    burst = seen(record)[1:]  # after the first one's 0
+    twice = len(burst) - len(set(burst))
+    gaps = [(a, b) for a, b in zip(burst, burst[1:], strict=False) if b != a + 1]
+    assert burst == list(range(BURST)), (len(burst), twice, gaps[:5])
+    assert answers == list(range(CALLS)), answers
+    assert FAULTS == [], [f.report() for f in FAULTS]
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("old_ends_first", [False, True], ids=["next-hello-first", "old-ends-first"])
 def test_a_replacement_dropped_while_it_waited_behind_the_old_connection(
@@ -166,10 +177,7 @@ def test_a_replacement_dropped_while_it_waited_behind_the_old_connection(
     record = tmp_path / "record"
     with burst_unread(monkeypatch, record) as (sender, pid, peer, old):
         link = (peer, rt.address)
-        on_loop(lambda: shut_down_writing(old))
-        waiting = wait_until(
-            lambda: on_loop(lambda: rt._behind.get(old)), 10, "the new connection to wait behind"
-        )
+        waiting = dropped_with_frames_unread(old)
         if old_ends_first:
             freeze(pid)
         try:
@@ -190,12 +198,7 @@ def test_a_replacement_dropped_while_it_waited_behind_the_old_connection(
             on_loop(old.transport.resume_reading)
         answers = sender.answers.call_one().get(timeout=60)
         wait_until(lambda: len(seen(record)) > BURST, 10, "the burst to run")
-    burst = seen(record)[1:]  # after the first one's 0
-    twice = len(burst) - len(set(burst))
-    gaps = [(a, b) for a, b in zip(burst, burst[1:], strict=False) if b != a + 1]
-    assert burst == list(range(BURST)), (len(burst), twice, gaps[:5])
-    assert answers == list(range(CALLS)), answers
-    assert FAULTS == [], [f.report() for f in FAULTS]
+    each_ran_once_in_order(record, answers)
 
 
 @pytest.mark.timeout(90)
@@ -232,3 +235,35 @@ def test_a_hello_nobody_can_answer_sends_nothing_written_again(
     assert "recorder[0] may not have received " in report and "so that none runs twice" in report, report
     said = int(report.split("may not have received ")[1].split()[0])
     assert said >= missing, (said, missing)
+
+
+@pytest.mark.timeout(90)
+def test_a_replacement_dropped_at_the_sender_while_it_waited_behind_the_old_connection(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Three faults: the old connection drops, then its replacement drops at the worker's end
+    (this process shuts down its own end for writing: the worker reads its end). This process
+    does not read the replacement while it waits behind the old one (paused), so it does not
+    see that drop: the next hello comes while the replacement is still open here. The next
+    connection waits in its place, is told the exact count once the old one delivered what it
+    carried, and the replacement is closed here (it was answered "unknown": the worker sent
+    nothing again and failed its calls, the owner heard that messages may be lost, and the
+    next connection's messages ran before the older ones still in the old connection)."""
+    rt = runtime()
+    record = tmp_path / "record"
+    with burst_unread(monkeypatch, record) as (sender, pid, peer, old):
+        link = (peer, rt.address)
+        waiting = dropped_with_frames_unread(old)
+        dropped = waiting._new
+        on_loop(lambda: shut_down_writing(dropped))
+        wait_until(
+            lambda: on_loop(lambda: rt._from_peer.get(link) not in (None, old, dropped)),
+            10,
+            "the next connection's hello",
+        )
+        on_loop(old.transport.resume_reading)
+        answers = sender.answers.call_one().get(timeout=60)
+        wait_until(lambda: len(seen(record)) > BURST, 10, "the burst to run")
+    each_ran_once_in_order(record, answers)
+    # Closed here as replaced, not read to its end (which would make it the double fault).
+    assert "replaced it before it was told" in str(dropped.close_reason), dropped.close_reason

@@ -49,11 +49,13 @@ class Behind:
         old: IncomingConnection,
         written: int,
         route: Handler,
-        route_all: Callable[[Handler, list[tuple[dict, list]]], None],
+        route_all: Callable[[IncomingConnection, Handler, list[tuple[dict, list]]], None],
         unrouted: Callable[[], int],
     ) -> None:
-        """``unrouted()``: how many frames ``old`` read (counted in ``frames_read``) are not
-        routed yet (read by an idle thread and on their way to the loop, ``idle_reads``)."""
+        """``route_all(conn, route, frames)``: routes the frames held of ``conn`` (``new``, or
+        the one that took its place, ``hand_over``); ``unrouted()``: how many frames ``old``
+        read (counted in ``frames_read``) are not routed yet (read by an idle thread and on
+        their way to the loop, ``idle_reads``)."""
         self._loop = loop
         self._unrouted = unrouted
         self._new, self._old, self._written = new, old, written
@@ -74,6 +76,8 @@ class Behind:
             old.peer,
             written + 1 - self._seen,
         )
+        if self._delivered():  # read meanwhile by another thread (a reply address's holder)
+            self.release()
 
     def _hold_frames_of(self, new: IncomingConnection) -> bool:
         """Hold ``new``'s frames from now on; whether its reading was paused."""
@@ -84,17 +88,18 @@ class Behind:
         except NotImplementedError:  # a loop's reply connection (``SocketReader``): frames queue
             return False
 
-    def hand_over(self, new: IncomingConnection, route: Handler) -> bool:
-        """The connection that waited here closed before it was told what was read (its peer
-        asks again on ``new``): ``new`` waits here in its place, its frames after those held,
-        and is told instead. False, and nothing done, once released or ``old`` closed (the
-        closed one was told then, or the count is in its drop, see ``Runtime._settle``)."""
+    def hand_over(self, replaced: IncomingConnection, new: IncomingConnection, route: Handler) -> bool:
+        """``replaced``, the connection that waits here, was replaced before it was told what
+        was read (its peer asks again on ``new``): ``new`` waits here in its place, its frames
+        after those held, and is told instead. False, and nothing done, if ``replaced`` does not
+        wait here, or once released or ``old`` closed (``replaced`` was told then, or the count
+        is in its drop, see ``Runtime._settle``)."""
         with self._lock:
-            if self._releasing or self._old.closed or not self._new.closed:
+            if self._releasing or self._old.closed or self._new is not replaced:
                 return False
             self._new, self._route = new, route
             self._paused = self._hold_frames_of(new)
-        logger.debug("%s: a newer connection waits for the old one in place of a closed one", new.peer)
+        logger.debug("%s: a newer connection waits for the old one in place of one it replaced", new.peer)
         return True
 
     def _hold(self, header: dict, bodies: list) -> None:
@@ -106,8 +111,12 @@ class Behind:
 
     def _old_frame(self, header: dict, bodies: list) -> None:
         self._old_route(header, bodies)
-        if self._old.frames_read - self._unrouted() - 1 >= self._written:  # its hello is not counted
+        if self._delivered():
             self.release()
+
+    def _delivered(self) -> bool:
+        """Whether ``old`` delivered the frames its peer wrote there."""
+        return self._old.frames_read - self._unrouted() - 1 >= self._written  # its hello is not counted
 
     def _check(self) -> None:
         """Close ``old`` once it stays idle (also after ``release``: its peer closed it, and
@@ -134,10 +143,12 @@ class Behind:
         while True:  # (routed without the lock, which a thread reading ``new`` may wait on)
             with self._lock:
                 frames, self._frames = self._frames, []
-                if not frames:  # every frame held was routed: the next ones go as they come
+                last = not frames
+                if last:  # every frame held was routed: the next ones go as they come
                     self._released = True
                     self._new.on_frame = self._route
-                    break
-            self._route_all(self._route, frames)
+            self._route_all(self._new, self._route, frames)  # (last, with none: ``new`` is read on)
+            if last:
+                break
         if self._paused:
             self._new.transport.resume_reading()  # type: ignore[union-attr]

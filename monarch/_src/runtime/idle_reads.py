@@ -183,6 +183,8 @@ class IdleReads:
     def said_hello(self, conn: IncomingConnection) -> None:
         """(runtime's loop) ``conn`` is past its hello and its frames go straight to the router:
         an idle thread may read it from now on."""
+        if not self.enabled or conn.closed:  # (nothing would take it out of ``_of``: ``ended``)
+            return
         shared = self._of.get(conn)
         if shared is None:
             self._of[conn] = _Shared(conn)

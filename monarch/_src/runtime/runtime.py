@@ -694,11 +694,7 @@ class Runtime:
         link = _link(conn)
         before = self._from_peer.get(link)
         if before is not None and before.closed:
-            # A connection to a reply address, read by another thread (or earlier in this
-            # loop's turn), ended there, and its report (``incoming_closed``, sent here) has not
-            # run yet: its drop is recorded now, so that this hello settles it exactly.
-            self._incoming_closed(before, before.close_reason)
-            self._closes_counted.add(before)
+            self._close_seen(before)
             before = None
         self._from_peer[link] = conn
         frames = header.get(PREVIOUS_FRAMES)
@@ -714,6 +710,15 @@ class Runtime:
         # The peer waits to hear how many frames of the previous connection were read.
         conn.read_count_due = said[4] is not None
         if before is not None and not before.closed:
+            if before.read_count_due and self._wait_in_place(link, before, conn, route):
+                # ``before`` waited behind an older connection, paused, so its drop at the
+                # peer's end is not seen here; it carried nothing but its hello (its peer writes
+                # only once told), and ``conn`` took its place: it ends here, accounted for.
+                self._closes_counted.add(before)
+                before.abort(
+                    ConnectionResetError(f"{sender} replaced it before it was told what was read"), False
+                )
+                return
             self._said_before[before] = (said, conn)  # its close, still to come here, settles it
             self._queue_behind(conn, before, frames, route)
             return
@@ -721,24 +726,39 @@ class Runtime:
         if drop is not None:
             if drop.timer is not None:
                 drop.timer.cancel()
-            if drop.upto is None and self._wait_in_place(link, conn, route):
+            if drop.upto is None and self._wait_in_place(link, drop.conn, conn, route):
                 return
             self._settle(sender, drop, said, conn)
         else:  # no record of it (its hello never read here, or given up on: ``_no_hello``)
             self._settle_unknown(sender, said, conn)
 
-    def _wait_in_place(self, link: tuple[str, str], conn: IncomingConnection, route: Handler) -> bool:
-        """The peer's connection before ``conn`` closed while it waited behind an older one,
-        still open (``_queue_behind``), before it was told what was read: ``conn`` waits there
-        in its place, and is told once the older one delivered what it carried, or closed
-        (that one carried nothing but its hello: its peer writes only once told). False if no
-        connection of ``link`` is waited on."""
-        for old, waiting in self._behind.items():
-            if _link(old) == link and waiting.hand_over(conn, route):
+    def _wait_in_place(
+        self, link: tuple[str, str], replaced: IncomingConnection, conn: IncomingConnection, route: Handler
+    ) -> bool:
+        """The peer replaced ``replaced`` by ``conn`` while ``replaced`` waited behind an older
+        connection, still open (``_queue_behind``), before it was told what was read (it
+        closed, or its drop was not seen yet: ``conn``'s hello came first): ``conn`` waits
+        there in its place, and is told once the older one delivered what it carried, or closed
+        (``replaced`` carried nothing but its hello: its peer writes only once told). False if
+        ``replaced`` waits behind no connection of ``link``."""
+        for old, waiting in list(self._behind.items()):
+            if _link(old) != link:
+                continue
+            if old.closed:  # its report still to come: ``replaced`` is told what was read now
+                self._close_seen(old)
+            elif waiting.hand_over(replaced, conn, route):
                 said, _ = self._said_before[old]
                 self._said_before[old] = (said, conn)
                 return True
         return False
+
+    def _close_seen(self, conn: IncomingConnection) -> None:
+        """``conn``, a connection to a reply address read by another thread (or earlier in this
+        loop's turn), ended there, and its report (``incoming_closed``, sent here) has not run
+        yet: it is accounted for now, so that a hello that comes first is answered exactly (its
+        drop recorded, or the connection waiting behind it told); the report is ignored."""
+        self._incoming_closed(conn, conn.close_reason)
+        self._closes_counted.add(conn)
 
     def _queue_behind(
         self, conn: IncomingConnection, before: IncomingConnection, written: int, route: Handler
@@ -746,18 +766,24 @@ class Runtime:
         """The peer's new connection ``conn`` said hello while ``before``, the one it replaces,
         may still have frames to read, older than ``conn``'s: ``conn``'s wait (``behind``)."""
         unrouted = functools.partial(self.idle_reads.unrouted, before)
+        # Read by the loop alone from now on: an idle thread's read of it is over (its frames
+        # counted, those it declined on their way here), so what it read is known here.
+        self.idle_reads.pin(before)
         if before.frames_read - unrouted() - 1 < written:  # its hello is not counted
-            self.idle_reads.pin(before)
             self.idle_reads.pin(conn)  # until it is released
-            self._behind[before] = Behind(
-                self.loop, conn, before, written, route, functools.partial(self._route_held, conn), unrouted
-            )
+            self._behind[before] = Behind(self.loop, conn, before, written, route, self._route_held, unrouted)
         else:
             conn.tell_read(before.read_upto(written))
 
     def _route_held(self, conn: IncomingConnection, route: Handler, frames: list[tuple[dict, list]]) -> None:
-        """Route the frames of ``conn`` that waited (``behind``), as the frames of a read; from
-        now on its frames go straight to the router (an idle thread may read it)."""
+        """Route the frames of ``conn`` that waited (``behind``; none, once all were), as the
+        frames of a read; from now on its frames go straight to the router (an idle thread may
+        read it). A reply address's (released on whichever thread read its old connection)
+        are routed as they come there: no batching per read, which is the runtime loop's."""
+        if route is not self._on_frame:
+            for header, bodies in frames:
+                route(header, bodies)
+            return
         outside_read = self._after_read is None  # else the read being routed ends it
         for header, bodies in frames:
             route(header, bodies)
