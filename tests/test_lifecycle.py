@@ -261,3 +261,52 @@ def test_shutdown_context_is_idempotent_and_ends_workers():
     pids = json.loads(out["PIDS"])
     assert len(pids) == 2
     assert wait_gone(pids) == []
+
+
+CHURN_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, gc, json, time
+    from monarch.actor import Actor, endpoint, this_host
+    from monarch._src.transport.connection import IncomingConnection
+
+    class Echo(Actor):
+        @endpoint
+        def echo(self, x):
+            return x
+
+    class AsyncEcho(Actor):
+        @endpoint
+        async def echo(self, x):
+            return x
+
+    async def awaited(mesh):
+        return await mesh.echo.call(1)
+
+    for _ in range(3):
+        procs = this_host().spawn_procs(per_host={"gpus": 2})
+        procs.spawn("e", Echo).echo.call(1).get()
+        asyncio.run(awaited(procs.spawn("ae", AsyncEcho)))  # replies read by this loop too
+        procs.stop().get()
+    deadline = time.monotonic() + 20  # the workers' exits are seen shortly after their stop
+    while True:
+        gc.collect()
+        left = [c.name for c in gc.get_objects() if isinstance(c, IncomingConnection)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    print("LEFT", json.dumps(left))
+    """
+)
+
+
+def test_stopped_meshes_leave_no_connection_of_theirs_in_the_client():
+    """Each connection a worker opened to the client (its read buffer alone is 128 KiB) goes
+    once the mesh stopped: a client spawning and stopping meshes for days keeps none of them."""
+    proc = subprocess.run(
+        [sys.executable, "-c", CHURN_SCRIPT], capture_output=True, text=True, timeout=90, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr
+    left = [
+        json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("LEFT ")
+    ]
+    assert left == [[]], proc.stdout

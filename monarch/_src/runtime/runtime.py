@@ -84,6 +84,9 @@ RepliesLostCallback = Callable[[str, BaseException, list[int]], None]
 #: (None: it sends none again).
 Previous = tuple[int, int, list, list, "int | None"]
 
+#: How many of the peers found gone the runtime remembers (``_lost_peers``): an address each.
+LOST_PEERS_KEPT = 4096
+
 
 @dataclass
 class _Drop:
@@ -168,6 +171,9 @@ class Runtime:
         self._said_before: dict[IncomingConnection, tuple[Previous, IncomingConnection]] = {}
         #: Peers' connections that closed, until the peer's next hello settles what was lost.
         self._drops: dict[tuple[str, str], _Drop] = {}
+        #: The latest peers found gone (``on_peer_lost``), oldest first, at most ``LOST_PEERS_KEPT``:
+        #: a connection of theirs that closes after that is not kept for a hello that cannot come.
+        self._lost_peers: dict[str, None] = {}
         #: Connections to a reply address whose close was accounted for before its report came
         #: here (``_first_frame``): their report, still to come, is ignored.
         self._closes_counted: set[IncomingConnection] = set()
@@ -206,6 +212,7 @@ class Runtime:
         )
         self._handlers[SHM_GIVE_BACK_KIND] = self._shm.given_back_to_us
         self._peer_lost.append(lambda address, reason: self._shm.reclaim(address))
+        self._peer_lost.append(self._forget_drops_of)
         with Runtime._instance_lock:
             # Handlers, and this process's instance, must be in place before the first frame:
             # a handler asking for "the runtime" must never start a second one.
@@ -822,6 +829,10 @@ class Runtime:
             if waiting is not None:
                 waiting.release()
             return
+        if peer in self._lost_peers:  # (its connection ended after its process did)
+            if conn.cut_off is not None:
+                self._reject(*conn.cut_off)
+            return
         earlier = self._drops.get(link)
         if earlier is not None:
             if earlier.timer is not None:
@@ -911,6 +922,20 @@ class Runtime:
         )
         for fn in self._when_found_alive(peer, reason, replies=True):
             fn(frozenset())
+
+    def _forget_drops_of(self, peer: str, reason: BaseException) -> None:
+        """(``on_peer_lost``) ``peer`` exited: no hello of its will settle the connections of its
+        that closed, and its loss is reported already; their records (each holding its
+        connection and read buffer) go now rather than after ``peer_unreachable_s``."""
+        self._lost_peers[peer] = None
+        if len(self._lost_peers) > LOST_PEERS_KEPT:
+            del self._lost_peers[next(iter(self._lost_peers))]
+        for link in [link for link in self._drops if link[0] == peer]:
+            drop = self._drops.pop(link)
+            if drop.timer is not None:
+                drop.timer.cancel()
+            if drop.cut is not None:
+                self._reject(*drop.cut)
 
     def _no_hello(self, link: tuple[str, str], drop: _Drop) -> None:
         """A peer whose connection closed did not reconnect within ``peer_unreachable_s``. If it
