@@ -749,6 +749,9 @@ class ActorInstance:
         if not self.stopped:
             self.stopped = True
             this_process.unregister_actor(self)
+            # What the actor holds (a model, GPU memory) is freed now, not whenever the last
+            # reference to this instance goes (a timer, a stale reference to the mesh).
+            self.actor = None
             unrun = self._unrun + self._reject_queued()
             actor_stopped(self, unrun_report(str(self), unrun) if unrun else None)
         spec = header.pop(REPLY_PORT, None) if header else None  # None: stop_overdue answered already

@@ -31,7 +31,7 @@ from monarch._src.runtime.behind import Behind
 from monarch._src.runtime.config import CONFIG, transport_of_config
 from monarch._src.runtime.idle_reads import IdleReads
 from monarch._src.runtime.loop_replies import LoopReplies, RuntimeHooks
-from monarch._src.runtime.loop_thread import LoopThread
+from monarch._src.runtime.loop_thread import LoopThread, in_empty_context
 from monarch._src.runtime.thread_replies import ThreadReplies
 from monarch._src.transport import address as addresses
 from monarch._src.transport import auth, tls
@@ -536,7 +536,7 @@ class Runtime:
             if when_alive is not None:
                 new.when_authenticated.append(functools.partial(when_alive, new))
             self._conns[address] = new
-        self.loop_thread.call_soon(self.loop.create_task, new.connect())
+        self.loop_thread.call_soon(in_empty_context, self.loop.create_task, new.connect())
         return new
 
     def _replacing(self, address: str, closed: OutgoingConnection) -> Callable[[OutgoingConnection], None]:
@@ -953,7 +953,7 @@ class Runtime:
         probe = self._new_outgoing(peer, on_close=lambda c, why: None, name=f"liveness check of {peer}")
         probe.when_authenticated.extend(functools.partial(fn, frozenset()) for fn in on_alive)
         probe.when_authenticated.append(probe.close)
-        self.loop.create_task(probe.connect())
+        in_empty_context(self.loop.create_task, probe.connect())
 
     # -- shutdown -------------------------------------------------------------------------------
 
