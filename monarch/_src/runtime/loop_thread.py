@@ -52,11 +52,13 @@ class LoopThread:
         return threading.get_ident() == self.ident
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn`` on the loop, in FIFO order with other calls from the same thread."""
+        """Run ``fn`` on the loop, in FIFO order with other calls from the same thread; from
+        another thread (an actor's, whose context holds the actor) in an empty context, as
+        ``in_empty_context`` says why."""
         if threading.get_ident() == self.ident:
             self.loop.call_soon(fn, *args)
         else:
-            self.loop.call_soon_threadsafe(fn, *args)
+            self.loop.call_soon_threadsafe(fn, *args, context=contextvars.Context())
 
     def run_sync(self, coro: Any, timeout: float | None = None) -> Any:
         """Run a coroutine on the loop from another thread and wait for its result."""
