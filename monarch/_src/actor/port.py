@@ -226,6 +226,7 @@ class PortReceiver(PortHandler, Generic[R]):
         _receivers[port_id] = weakref.ref(self, lambda _: _receivers.pop(port_id, None))
 
     def close(self) -> None:
+        """Stop receiving: what is sent to this port from now on is dropped."""
         _receivers.pop(self.port_id, None)
         _waited.discard(self)
 
