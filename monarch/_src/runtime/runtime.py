@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from monarch._src.runtime import job_files, shm
 from monarch._src.runtime.behind import Behind
 from monarch._src.runtime.config import CONFIG, transport_of_config
+from monarch._src.runtime.fd_limit import raise_fd_limit
 from monarch._src.runtime.idle_reads import IdleReads
 from monarch._src.runtime.loop_replies import LoopReplies, RuntimeHooks
 from monarch._src.runtime.loop_thread import LoopThread, in_empty_context
@@ -139,6 +140,8 @@ class Runtime:
         self.transport = transport_of_config()
         #: Under TLS (TCP only), the contexts of both sides of a connection.
         self._tls = tls.contexts(CONFIG.tls_cert, CONFIG.tls_key, CONFIG.tls_ca)
+        if CONFIG.raise_fd_limit:
+            raise_fd_limit()
         self.socket_dir = socket_dir
         self._owns_socket_dir = owns_socket_dir
         #: Names this job's shared-memory buffers (one socket directory per job).
