@@ -15,7 +15,10 @@ unless ``--client-loop asyncio``).
 * ``inproc_rt_us``, ``inproc_rt_await_us``: an in-process actor: a task reading an
   ``asyncio.Queue`` mailbox on the caller's loop and resolving the caller's future;
 * ``process_pingpong_us``, ``thread_pingpong_us``: the wake-ups themselves, one byte to a
-  forked process and back over a socketpair, two threads handing a lock back and forth.
+  forked process and back over a socketpair, two threads handing a lock back and forth;
+* ``loop_thread_pingpong_us``: a coroutine awaiting a thread: it queues a value for the thread,
+  which hands it back with ``call_soon_threadsafe`` (asyncio's own loop, as
+  ``inproc_rt_await_us`` awaits a sync actor of its process: the least such an await costs).
 
 Prints one JSON object in `_benchutil.Recorder`'s format as its last line, so
 ``run_all.py --floor`` runs it beside monarch-aio and prints monarch-aio's ratio to each figure.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import socket
 import struct
 import subprocess
@@ -293,6 +297,33 @@ def thread_pingpong_us(n: int) -> float:
     return elapsed / n * 1e6
 
 
+def loop_thread_pingpong_us(n: int) -> float:
+    requests: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[int]] | None]
+    requests = queue.SimpleQueue()
+
+    def echo() -> None:
+        while (request := requests.get()) is not None:
+            loop, fut = request
+            loop.call_soon_threadsafe(fut.set_result, 0)
+
+    async def awaits() -> float:
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        for _ in range(n):
+            fut = loop.create_future()
+            requests.put((loop, fut))
+            await fut
+        return (time.perf_counter() - start) / n * 1e6
+
+    t = threading.Thread(target=echo)
+    t.start()
+    try:
+        return asyncio.run(awaits())
+    finally:
+        requests.put(None)
+        t.join()
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--serve-fd":
         serve(int(sys.argv[2]))
@@ -310,6 +341,7 @@ def main() -> None:
         "inproc_rt_await_us": floor.inproc_rt_us,
         "process_pingpong_us": lambda: bu.sample_rounds(args, lambda: process_pingpong_us(3000)),
         "thread_pingpong_us": lambda: bu.sample_rounds(args, lambda: thread_pingpong_us(3000)),
+        "loop_thread_pingpong_us": lambda: bu.sample_rounds(args, lambda: loop_thread_pingpong_us(3000)),
     }
     if not args.metrics:
         args.metrics = ",".join(workloads)

@@ -58,3 +58,45 @@ class Gate(Actor):
     async def release(self) -> str:
         self.event.set()
         return "released"
+
+
+class Payload:
+    """Stands for what an actor holds (a model, GPU memory): ``Held`` counts the live ones."""
+
+
+class Holder(Actor):
+    """Holds a ``Payload`` until it stops."""
+
+    def __init__(self) -> None:
+        self.payload = Payload()
+
+    @endpoint
+    def hold(self) -> bool:
+        return True
+
+
+class AsyncHolder(Holder):
+    @endpoint
+    async def hold(self) -> bool:  # type: ignore[override]
+        return True
+
+
+class Held(Actor):
+    """Counts the ``Payload``s alive in its process (by name: a class sent by value is a copy)."""
+
+    @endpoint
+    def alive(self) -> int:
+        import gc
+
+        gc.collect()
+        return sum(type(o).__name__ == "Payload" for o in gc.get_objects())
+
+    @endpoint
+    def instances(self, name: str) -> int:
+        """How many instances of actors named ``name`` this process still has (stopped or not)."""
+        import gc
+
+        from monarch._src.actor.instance import ActorInstance
+
+        gc.collect()
+        return sum(isinstance(o, ActorInstance) and o.name == name for o in gc.get_objects())

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import operator
 import os
 import re
+import weakref
 
 import actors
 import psutil
@@ -185,6 +187,31 @@ def test_send_with_port_all_and_choose(counters):
     send(counters.echo, ("again",), {}, port=port, selection="all")
     nxt = [receiver.recv().get(timeout=10)[0] for _ in range(2)]
     assert nxt == ["again", "again"]
+
+
+def test_a_receiver_let_go_of_is_freed_and_one_waited_on_is_kept(counters):
+    """A channel's receiver lives as long as its user keeps it, or a ``recv()`` of it waits:
+    a program opening channels in a loop does not keep every receiver it ever made."""
+    port, receiver = Channel.open()
+    send(counters.echo, ("kept",), {}, port=port, selection="choose")
+    assert receiver.recv().get(timeout=10)[0] == "kept"
+    gone = weakref.ref(receiver)
+    del receiver
+    gc.collect()
+    assert gone() is None
+    send(counters.echo, ("to nobody",), {}, port=port, selection="choose")  # dropped there
+
+    port, receiver = Channel.open()
+    waiting = receiver.recv()
+    waited = weakref.ref(receiver)
+    del receiver
+    gc.collect()
+    assert waited() is not None
+    send(counters.echo, ("waited for",), {}, port=port, selection="choose")
+    assert waiting.get(timeout=10)[0] == "waited for"
+    gc.collect()
+    assert waited() is None
+    assert counters.value.call().get(timeout=10).values() == [0, 0]  # (the echoes all ran)
 
 
 def test_send_rejects_bad_selection(counters):

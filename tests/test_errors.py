@@ -53,6 +53,10 @@ class Boom(Actor):
         return threading.Lock()
 
     @endpoint
+    def give_refusing(self):
+        return RefusesPickling()
+
+    @endpoint
     def take(self, obj) -> str:
         return type(obj).__name__
 
@@ -117,6 +121,11 @@ class RaisesCustom(Actor):
     @endpoint
     def ok(self) -> str:
         return "ok"
+
+
+class RefusesPickling:
+    def __reduce__(self):
+        raise ValueError("this object refuses to be pickled")
 
 
 def _explode_on_load():
@@ -227,8 +236,11 @@ def test_spawning_a_non_actor_class():
 
 
 def test_unpicklable_argument_fails_at_call_site(boom):
-    with pytest.raises(Exception, match="pickle"):
+    with pytest.raises(Exception, match="pickle") as ei:
         boom.take.call_one(threading.Lock())
+    notes = "\n".join(getattr(ei.value, "__notes__", []))
+    assert "arguments of a call to boom.take: nothing was sent" in notes
+    assert "HINT: an endpoint's arguments must be picklable" in notes
     with socket.socket() as s:
         with pytest.raises(Exception, match="pickle|socket"):
             boom.take.call_one(lambda: s.fileno())
@@ -245,9 +257,24 @@ def test_argument_that_cannot_be_rebuilt_remotely_is_actor_error(boom):
 
 
 def test_unpicklable_return_value_is_actor_error(boom):
-    with pytest.raises(ActorError, match="pickle"):
+    with pytest.raises(ActorError, match="pickle") as ei:
         boom.give_lock.call_one().get(timeout=10)
+    assert "(pickling the lock that boom.give_lock returned)" in str(ei.value)
+    assert "HINT: an endpoint's return value must be picklable" in str(ei.value)
     assert boom.incr.call_one(1).get(timeout=10) == 1
+
+
+def test_unpicklable_return_value_traceback_starts_at_users_code(boom):
+    with pytest.raises(ActorError, match="cannot pickle") as ei:
+        boom.give_lock.call_one().get(timeout=10)  # (nothing of the user's: no traceback)
+    text = str(ei.value)
+    assert "cloudpickle" not in text.replace("picklable by cloudpickle", "") and "port.py" not in text
+    with pytest.raises(ActorError, match="refuses to be pickled") as ei:
+        boom.give_refusing.call_one().get(timeout=10)
+    text = str(ei.value)
+    assert "in __reduce__" in text and "test_errors.py" in text
+    assert "(pickling the RefusesPickling that boom.give_refusing returned)" in text
+    assert "port.py" not in text and "payload.py" not in text
 
 
 def test_unpicklable_exception_still_reported_as_actor_error(procs1):
@@ -278,8 +305,9 @@ def test_exception_that_cannot_be_rebuilt_at_the_caller_is_still_actor_error(pro
 def test_unpicklable_return_value_local_actor():
     m = this_proc().spawn("local_boom", Boom)
     try:
-        with pytest.raises(ActorError, match="pickle"):
+        with pytest.raises(ActorError, match="pickle") as ei:
             m.give_lock.call_one().get(timeout=10)
+        assert "HINT: an endpoint's return value must be picklable" in str(ei.value)
         assert m.incr.call_one(5).get(timeout=10) == 5
     finally:
         m.stop().get(timeout=10)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from actors import Pid
+from actors import AsyncHolder, Held, Holder, Pid
 from helpers import IMPORT_TEST_MODULES, wait_gone
 
 from monarch.actor import (
@@ -131,6 +131,34 @@ def test_stop_cancels_concurrent_tasks_before_cleanup(procs1):
         pending.get(timeout=10)
 
 
+@pytest.mark.parametrize("cls", [Holder, AsyncHolder], ids=["sync", "async"])
+def test_stop_frees_what_the_actor_held_at_once(procs1, cls):
+    """Once ``stop()`` returned, the actor's state is gone from its process (a GPU user stops
+    one model's actor to make room for the next), however long the stop's own deadline is."""
+    held = procs1.spawn("held", Held)
+    holder = procs1.spawn("holder", cls)
+    assert holder.hold.call_one().get(timeout=10)
+    assert held.alive.call_one().get(timeout=10) == 1
+    holder.stop().get(timeout=10)
+    assert held.alive.call_one().get(timeout=10) == 0
+    held.stop().get(timeout=10)
+
+
+def test_a_stopped_actor_is_not_kept_by_the_connections_it_opened():
+    """The holder's reply opens its process's connection to this client: that connection (and
+    what it starts on the loop) outlives the holder, and must keep nothing of it."""
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        holder = procs.spawn("holder", Holder)
+        assert holder.hold.call_one().get(timeout=10)  # (the process's first reply)
+        held = procs.spawn("held", Held)
+        assert held.instances.call_one("holder").get(timeout=10) == 1
+        holder.stop().get(timeout=10)
+        assert held.instances.call_one("holder").get(timeout=10) == 0
+    finally:
+        procs.stop().get(timeout=10)
+
+
 def test_actor_mesh_stop_is_idempotent(procs1):
     m = procs1.spawn("c", Counter)
     assert m.incr.call_one().get(timeout=10) == 1
@@ -219,7 +247,7 @@ def test_proc_mesh_stop_without_any_reply_is_not_a_failure():
 SHUTDOWN_SCRIPT = IMPORT_TEST_MODULES + textwrap.dedent(
     """
     import json
-    from actors import Pid
+    from actors import AsyncHolder, Held, Holder, Pid
     from monarch.actor import shutdown_context, this_host
 
     pm = this_host().spawn_procs(per_host={"gpus": 2})

@@ -5,8 +5,11 @@ tables stay the size they were."""
 from __future__ import annotations
 
 import gc
+import json
+import textwrap
 
 import pytest
+from helpers import run_python
 
 from monarch._src.actor import port, supervision  # internal: the tables under test
 from monarch._src.actor.process_state import runtime
@@ -84,3 +87,50 @@ def test_stopped_actor_meshes_leave_no_entries():
         spawn_call_stop_actor_mesh(i)
     after = table_sizes()
     assert all(after[k] <= before[k] for k in before), (before, after)
+
+
+CHURN_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, gc, json, time
+    from monarch.actor import Actor, endpoint, this_host
+    from monarch._src.transport.connection import IncomingConnection
+
+    class Echo(Actor):
+        @endpoint
+        def echo(self, x):
+            return x
+
+    class AsyncEcho(Actor):
+        @endpoint
+        async def echo(self, x):
+            return x
+
+    async def awaited(mesh):
+        return await mesh.echo.call(1)
+
+    for _ in range(3):
+        procs = this_host().spawn_procs(per_host={"gpus": 2})
+        procs.spawn("e", Echo).echo.call(1).get()
+        asyncio.run(awaited(procs.spawn("ae", AsyncEcho)))  # replies read by this loop too
+        procs.stop().get()
+    deadline = time.monotonic() + 20  # the workers' exits are seen shortly after their stop
+    while True:
+        gc.collect()
+        left = [c.name for c in gc.get_objects() if isinstance(c, IncomingConnection)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    print("LEFT", json.dumps(left))
+    """
+)
+
+
+def test_stopped_meshes_leave_no_connection_of_theirs_in_the_client():
+    """Each connection a worker opened to the client (its read buffer alone is 128 KiB) goes
+    once the mesh stopped: a client spawning and stopping meshes for days keeps none of them."""
+    proc = run_python(CHURN_SCRIPT, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    left = [
+        json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("LEFT ")
+    ]
+    assert left == [[]], proc.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from typing import TYPE_CHECKING
 
 from monarch._src.actor import log_forwarding, log_prefix, multicast, port, supervision, undelivered
@@ -187,8 +188,15 @@ def handle_stop_actor(header: dict, bodies: list) -> None:
         return
     timeout = header.get(TIMEOUT)
     if timeout is not None and header.get(REPLY_PORT):
-        runtime().loop.call_later(timeout, inst.stop_overdue, header, timeout)
+        # (by weak reference: an actor that stopped in time is not kept until the timer is due)
+        runtime().loop.call_later(timeout, _stop_overdue, weakref.ref(inst), header, timeout)
     inst.put((STOP, header, bodies))
+
+
+def _stop_overdue(inst: weakref.ref[ActorInstance], header: dict, timeout: float) -> None:
+    alive = inst()
+    if alive is not None:  # (gone: it stopped, and answered the stop)
+        alive.stop_overdue(header, timeout)
 
 
 def handle_stop_proc(header: dict, bodies: list) -> None:

@@ -18,7 +18,7 @@ from monarch._src.actor import multicast, supervision
 from monarch._src.actor.collectors import GatherCollector, OnceCollector, StreamCollector
 from monarch._src.actor.context import current_instance
 from monarch._src.actor.coroutines import is_coroutine_function
-from monarch._src.actor.errors import SupervisionError
+from monarch._src.actor.errors import SupervisionError, add_note
 from monarch._src.actor.future import Future, forbid_waiting, read_by_waiting_thread
 from monarch._src.actor.port import Port, PortHandler, port_receiver
 from monarch._src.actor.process_state import runtime, this_process
@@ -279,6 +279,14 @@ class ActorEndpoint(Generic[R]):
                 pickling = pickling_for.set((ref.key, dests))
                 try:
                     bodies = payload.dumps((args, kwargs))
+                except Exception as e:  # raised here, as Monarch does, with what to do about it
+                    add_note(
+                        e,
+                        f"(pickling the arguments of a call to {self._label_text}: nothing was sent)\n"
+                        "HINT: an endpoint's arguments must be picklable by cloudpickle; pass plain "
+                        "data, not locks, sockets, open files or generators.",
+                    )
+                    raise
                 finally:
                     pickling_for.reset(pickling)
         port_spec: list[Any] | None

@@ -15,6 +15,15 @@ def format_remote_exception(exc: BaseException) -> str:
     return text.replace("Traceback (most recent call last):", REMOTE_TRACEBACK_HEADER)
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """Add ``note`` (what was being done, a HINT) below ``exc``'s message in its traceback
+    (Python 3.11's exception notes; on 3.10 it is kept in ``__notes__`` and not shown)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
+
+
 class ActorError(Exception):
     """An endpoint raised; ``.exception`` is the original exception, the actor is still alive."""
 

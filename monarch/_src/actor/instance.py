@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import queue
 import threading
 import time
@@ -30,6 +31,7 @@ from monarch._src.actor.errors import (
     ActorError,
     RemoteExceptionPlaceholder,
     SupervisionError,
+    add_note,
     format_remote_exception,
 )
 from monarch._src.actor.future import mark_sync_actor_thread
@@ -566,6 +568,14 @@ class ActorInstance:
         try:
             reply.send(result)
         except Exception as e:  # the result could not be pickled or sent
+            if not isinstance(e, OSError):  # (a send fails with an OSError; the rest is pickling)
+                _drop_pickling_frames(e)
+                add_note(
+                    e,
+                    f"(pickling the {type(result).__name__} that {self.name}.{name} returned)\n"
+                    "HINT: an endpoint's return value must be picklable by cloudpickle; return "
+                    "plain data (e.g. a list, not a generator; no locks, sockets or open files).",
+                )
             self._reply_error(reply, name, e)
 
     def _endpoint_raised(self, name: str, e: Exception, reply: Port[Any] | None, explicit: bool) -> None:
@@ -739,6 +749,9 @@ class ActorInstance:
         if not self.stopped:
             self.stopped = True
             this_process.unregister_actor(self)
+            # What the actor holds (a model, GPU memory) is freed now, not whenever the last
+            # reference to this instance goes (a timer, a stale reference to the mesh).
+            self.actor = None
             unrun = self._unrun + self._reject_queued()
             actor_stopped(self, unrun_report(str(self), unrun) if unrun else None)
         spec = header.pop(REPLY_PORT, None) if header else None  # None: stop_overdue answered already
@@ -868,6 +881,27 @@ def _drop_runtime_frames(e: BaseException) -> None:
         tb = tb.tb_next
     if tb is not None:
         e.__traceback__ = tb
+
+
+def _drop_pickling_frames(e: BaseException) -> None:
+    """Start the traceback of a failed pickling at the user's code (a ``__reduce__`` or
+    ``__getstate__`` that raised), or drop it where there is none: the runtime's and the
+    pickler's own frames tell the user nothing."""
+    import pickle
+
+    import cloudpickle  # (here, not at start-up: a failed pickling is rare)
+
+    import monarch._src as runtime_package
+
+    roots = (
+        os.path.dirname(runtime_package.__file__),
+        os.path.dirname(cloudpickle.__file__),
+        pickle.__file__,
+    )
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(roots):
+        tb = tb.tb_next
+    e.__traceback__ = tb
 
 
 async def _settled(aw: Any) -> Callable[[], Any]:

@@ -33,6 +33,16 @@ _port_ids = itertools.count(1)
 #: waiting on a reply from a process are found here when it dies (``waiting_on``): a death is
 #: rare, a call is not, so a call registers nothing else.
 _handlers: dict[int, PortHandler] = {}
+#: port id -> channel receiver, weakly: a receiver its user let go of goes, and what is sent
+#: to it afterwards is dropped as for any closed port (nobody could ever read it). One that a
+#: ``recv()`` waits on stays (``_waited``): its Future may be all its user kept.
+_receivers: dict[int, weakref.ref[PortReceiver[Any]]] = {}
+_waited: set[PortReceiver[Any]] = set()
+
+
+def _receiver(port_id: int | None) -> PortReceiver[Any] | None:
+    ref = _receivers.get(port_id)  # type: ignore[arg-type]
+    return ref() if ref is not None else None
 
 
 class PortHandler:
@@ -95,16 +105,17 @@ def fail_waiting_on(address: str, exc_factory: Any) -> None:
 
 def waiting_on(address: str) -> list[PortHandler]:
     """The open handlers now waiting on a reply from the process at ``address``."""
-    return [h for h in list(_handlers.values()) if address in h._addresses]
+    receivers = [r for ref in list(_receivers.values()) if (r := ref()) is not None]
+    return [h for h in [*list(_handlers.values()), *receivers] if address in h._addresses]
 
 
 def handler_of(port_id: int | None) -> PortHandler | None:
     """The handler receiving on ``port_id`` in this process, if it is still open."""
-    return _handlers.get(port_id)  # type: ignore[arg-type]
+    return _handlers.get(port_id) or _receiver(port_id)  # type: ignore[arg-type]
 
 
 def handle_port_frame(header: dict, bodies: list) -> None:
-    handler = _handlers.get(header[PORT_ID])
+    handler = _handlers.get(header[PORT_ID]) or _receiver(header[PORT_ID])
     if handler is None:
         return  # receiver gone (e.g. a `choose` reply after completion): nothing to do
     if handler.raw_frames:
@@ -115,10 +126,10 @@ def handle_port_frame(header: dict, bodies: list) -> None:
 
 def handle_port_batch(header: dict, bodies: list) -> None:
     """Replies of several ranks gathered on their host (``multicast``), delivered one by one."""
-    handler = _handlers.get(header[PORT_ID])
+    handler = handler_of(header[PORT_ID])
     pos = 0
     for rank, count in header[REPLIES]:
-        if handler is None or handler.port_id not in _handlers:
+        if handler is None or handler_of(handler.port_id) is not handler:
             return  # receiver gone, or done (it failed on an earlier reply)
         _deliver(handler, rank, bodies[pos : pos + count], False)
         pos += count
@@ -161,7 +172,7 @@ class Port(Generic[R]):
         rt = runtime()
         if self._address == rt.address and payload.needs_no_copy(obj):
             # To a receiver in this process, an immutable value goes as it is, from this thread.
-            handler = _handlers.get(self._port_id)
+            handler = _handlers.get(self._port_id) or _receiver(self._port_id)
             if handler is None:
                 return  # receiver gone, as for a frame (see handle_port_frame)
             if not handler.raw_frames:
@@ -198,8 +209,7 @@ def port_receiver(port: Port[Any]) -> PortReceiver[Any] | None:
     """The receiver behind ``port`` if it lives in this process."""
     if port._address != runtime().address:
         return None
-    handler = _handlers.get(port._port_id)
-    return handler if isinstance(handler, PortReceiver) else None
+    return _receiver(port._port_id)
 
 
 class PortReceiver(PortHandler, Generic[R]):
@@ -212,8 +222,13 @@ class PortReceiver(PortHandler, Generic[R]):
         self._ranked = ranked
         self._failure: BaseException | None = None
         self.label = "port"
-        self.open()
-        weakref.finalize(self, _handlers.pop, self.port_id, None)
+        self.port_id = port_id = next(_port_ids)
+        _receivers[port_id] = weakref.ref(self, lambda _: _receivers.pop(port_id, None))
+
+    def close(self) -> None:
+        """Stop receiving: what is sent to this port from now on is dropped."""
+        _receivers.pop(self.port_id, None)
+        _waited.discard(self)
 
     def deliver(self, rank: int | None, value: Any, is_exception: bool) -> None:
         """Hand an arrived message to the oldest pending ``recv()``, or keep it for the next one."""
@@ -222,6 +237,8 @@ class PortReceiver(PortHandler, Generic[R]):
                 self._values.append((rank, value, is_exception))
                 return
             fut = self._waiters.popleft()
+            if not self._waiters:
+                _waited.discard(self)
         self._resolve(fut, rank, value, is_exception)
 
     def fail(self, exc: BaseException) -> None:
@@ -229,6 +246,7 @@ class PortReceiver(PortHandler, Generic[R]):
         with self._lock:
             self._failure = exc
             waiters, self._waiters = self._waiters, collections.deque()
+            _waited.discard(self)
         for fut in waiters:
             set_exception(fut, exc)
 
@@ -254,6 +272,7 @@ class PortReceiver(PortHandler, Generic[R]):
                     set_exception(fut, self._failure)
                 else:
                     self._waiters.append(fut)
+                    _waited.add(self)
                 return fut
             rank, value, is_exc = self._values.popleft()
         self._resolve(fut, rank, value, is_exc)

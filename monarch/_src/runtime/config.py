@@ -116,6 +116,11 @@ class RuntimeConfig:
             os.environ.get("MONARCH_RDMA_ALLOW_TCP_FALLBACK", "1") not in ("0", "false", "False")
         )
     )
+    #: Whether a runtime raises its process's soft descriptor limit to the hard one (at most
+    #: 65,536) as it starts; see ``fd_limit``.
+    raise_fd_limit: bool = field(
+        default_factory=lambda: os.environ.get("MONARCH_RAISE_FD_LIMIT", "1") not in ("0", "false", "False")
+    )
     #: Bytes per request when the owner's runtime serves a buffer in chunks (four are in
     #: flight per transfer), and per system call of a one-sided copy.
     rdma_chunk_bytes: int = field(default_factory=lambda: _int_env("MONARCH_RDMA_CHUNK_BYTES", 8 << 20))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import threading
 from collections.abc import Callable
@@ -20,6 +21,15 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:  # uvloop is optional (not on every platform)
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
+
+
+def in_empty_context(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a context of its own with no context variable set: what it starts on a
+    loop (a task, a reader, a timer: each copies the context it is made in) keeps nothing of
+    its caller's. A connection opened to send an actor's message lives on after that actor
+    stopped; holding the actor's context (``current_instance``) it would keep the actor, and
+    all the actor holds, alive."""
+    return contextvars.Context().run(fn, *args)
 
 
 class LoopThread:
@@ -42,11 +52,13 @@ class LoopThread:
         return threading.get_ident() == self.ident
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn`` on the loop, in FIFO order with other calls from the same thread."""
+        """Run ``fn`` on the loop, in FIFO order with other calls from the same thread; from
+        another thread (an actor's, whose context holds the actor) in an empty context, as
+        ``in_empty_context`` says why."""
         if threading.get_ident() == self.ident:
             self.loop.call_soon(fn, *args)
         else:
-            self.loop.call_soon_threadsafe(fn, *args)
+            self.loop.call_soon_threadsafe(fn, *args, context=contextvars.Context())
 
     def run_sync(self, coro: Any, timeout: float | None = None) -> Any:
         """Run a coroutine on the loop from another thread and wait for its result."""

@@ -29,9 +29,10 @@ from typing import Any, ClassVar
 from monarch._src.runtime import job_files, shm
 from monarch._src.runtime.behind import Behind
 from monarch._src.runtime.config import CONFIG, transport_of_config
+from monarch._src.runtime.fd_limit import raise_fd_limit
 from monarch._src.runtime.idle_reads import IdleReads
 from monarch._src.runtime.loop_replies import LoopReplies, RuntimeHooks
-from monarch._src.runtime.loop_thread import LoopThread
+from monarch._src.runtime.loop_thread import LoopThread, in_empty_context
 from monarch._src.runtime.thread_replies import ThreadReplies
 from monarch._src.transport import address as addresses
 from monarch._src.transport import auth, tls
@@ -83,6 +84,9 @@ RepliesLostCallback = Callable[[str, BaseException, list[int]], None]
 #: ...]`` of its failure reports, the index from which it sends again the frames not read
 #: (None: it sends none again).
 Previous = tuple[int, int, list, list, "int | None"]
+
+#: How many of the peers found gone the runtime remembers (``_lost_peers``): an address each.
+LOST_PEERS_KEPT = 4096
 
 
 @dataclass
@@ -136,6 +140,8 @@ class Runtime:
         self.transport = transport_of_config()
         #: Under TLS (TCP only), the contexts of both sides of a connection.
         self._tls = tls.contexts(CONFIG.tls_cert, CONFIG.tls_key, CONFIG.tls_ca)
+        if CONFIG.raise_fd_limit:
+            raise_fd_limit()
         self.socket_dir = socket_dir
         self._owns_socket_dir = owns_socket_dir
         #: Names this job's shared-memory buffers (one socket directory per job).
@@ -168,6 +174,9 @@ class Runtime:
         self._said_before: dict[IncomingConnection, tuple[Previous, IncomingConnection]] = {}
         #: Peers' connections that closed, until the peer's next hello settles what was lost.
         self._drops: dict[tuple[str, str], _Drop] = {}
+        #: The latest peers found gone (``on_peer_lost``), oldest first, at most ``LOST_PEERS_KEPT``:
+        #: a connection of theirs that closes after that is not kept for a hello that cannot come.
+        self._lost_peers: dict[str, None] = {}
         #: Connections to a reply address whose close was accounted for before its report came
         #: here (``_first_frame``): their report, still to come, is ignored.
         self._closes_counted: set[IncomingConnection] = set()
@@ -206,6 +215,7 @@ class Runtime:
         )
         self._handlers[SHM_GIVE_BACK_KIND] = self._shm.given_back_to_us
         self._peer_lost.append(lambda address, reason: self._shm.reclaim(address))
+        self._peer_lost.append(self._forget_drops_of)
         with Runtime._instance_lock:
             # Handlers, and this process's instance, must be in place before the first frame:
             # a handler asking for "the runtime" must never start a second one.
@@ -529,7 +539,7 @@ class Runtime:
             if when_alive is not None:
                 new.when_authenticated.append(functools.partial(when_alive, new))
             self._conns[address] = new
-        self.loop_thread.call_soon(self.loop.create_task, new.connect())
+        self.loop_thread.call_soon(in_empty_context, self.loop.create_task, new.connect())
         return new
 
     def _replacing(self, address: str, closed: OutgoingConnection) -> Callable[[OutgoingConnection], None]:
@@ -822,6 +832,10 @@ class Runtime:
             if waiting is not None:
                 waiting.release()
             return
+        if peer in self._lost_peers:  # (its connection ended after its process did)
+            if conn.cut_off is not None:
+                self._reject(*conn.cut_off)
+            return
         earlier = self._drops.get(link)
         if earlier is not None:
             if earlier.timer is not None:
@@ -912,6 +926,20 @@ class Runtime:
         for fn in self._when_found_alive(peer, reason, replies=True):
             fn(frozenset())
 
+    def _forget_drops_of(self, peer: str, reason: BaseException) -> None:
+        """(``on_peer_lost``) ``peer`` exited: no hello of its will settle the connections of its
+        that closed, and its loss is reported already; their records (each holding its
+        connection and read buffer) go now rather than after ``peer_unreachable_s``."""
+        self._lost_peers[peer] = None
+        if len(self._lost_peers) > LOST_PEERS_KEPT:
+            del self._lost_peers[next(iter(self._lost_peers))]
+        for link in [link for link in self._drops if link[0] == peer]:
+            drop = self._drops.pop(link)
+            if drop.timer is not None:
+                drop.timer.cancel()
+            if drop.cut is not None:
+                self._reject(*drop.cut)
+
     def _no_hello(self, link: tuple[str, str], drop: _Drop) -> None:
         """A peer whose connection closed did not reconnect within ``peer_unreachable_s``. If it
         is alive, the replies it had sent cannot be known: calls waiting on it fail rather than
@@ -928,7 +956,7 @@ class Runtime:
         probe = self._new_outgoing(peer, on_close=lambda c, why: None, name=f"liveness check of {peer}")
         probe.when_authenticated.extend(functools.partial(fn, frozenset()) for fn in on_alive)
         probe.when_authenticated.append(probe.close)
-        self.loop.create_task(probe.connect())
+        in_empty_context(self.loop.create_task, probe.connect())
 
     # -- shutdown -------------------------------------------------------------------------------
 

@@ -131,6 +131,9 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self._lengths: list[int] = []
         self._bodies: list[Any] = []
         self._handshake_timer: asyncio.TimerHandle | None = None
+        #: Told once, when the peer authenticated or the connection closed before it did: the
+        #: listener counts this connection among those in their handshake until then.
+        self.on_handshake_over: Callable[[IncomingConnection], None] | None = None
 
     # -- asyncio callbacks ------------------------------------------------------------------
 
@@ -260,8 +263,14 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self.close_reason = reason
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
+        self._handshake_over()
         if self._on_close is not None:
             self._on_close(self, reason)
+
+    def _handshake_over(self) -> None:
+        told, self.on_handshake_over = self.on_handshake_over, None
+        if told is not None:
+            told(self)
 
     def _handshake_timeout(self) -> None:
         if not self.authenticated:
@@ -415,6 +424,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
             raise
         self.transport.write(auth.server_proof(self._secret, nonce_c, self._nonce_s))  # type: ignore[union-attr]
         self.authenticated = True
+        self._handshake_over()
         self._state, self._need = _PREFIX, PREFIX_SIZE
         # Only now is the peer worth a full-size buffer.
         early = self._buf[self._start : self._end]

@@ -131,6 +131,7 @@ class Listener:
 
     def _adopt(self, conn_sock: socket.socket) -> None:
         conn = self._factory()
+        conn.on_handshake_over = self._handshake_over
         if self._attach is not None:
             self._pending[conn] = None
             self._attach(conn, conn_sock)
@@ -175,10 +176,12 @@ class Listener:
         conn_sock.send(auth.TLS_ONLY)
         return False
 
+    def _handshake_over(self, conn: IncomingConnection) -> None:
+        """``conn`` authenticated or closed: it no longer counts, and is no longer kept here."""
+        self._pending.pop(conn, None)
+
     def _evict(self) -> None:
-        """Forget connections that authenticated or closed; drop the oldest still waiting."""
-        for conn in [c for c in self._pending if c.authenticated or c.closed]:
-            del self._pending[conn]
+        """Drop the oldest connections still waiting for their handshake, past the cap."""
         while len(self._pending) > MAX_PENDING_HANDSHAKES:
             oldest = next(iter(self._pending))
             if not self._evicted:
