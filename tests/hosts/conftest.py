@@ -33,18 +33,23 @@ def cluster2(netns_ready: None) -> Iterator[netns.Cluster]:
 
 
 @pytest.fixture
-def hosts2(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+def hosts2(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[object]:
     """A ``{"hosts": 2}`` mesh of two host agents on this machine (``local:2``), shut down after
-    the test (every proc spawned on it, the agents' sessions, the agents themselves)."""
+    the test (every proc spawned on it, the agents' sessions, the agents themselves). A module
+    that counts the frames the client sends turns the heartbeat to the hosts off
+    (``HOST_HEARTBEAT = False``): its pings, one per host a second, would be counted too."""
     from monarch.actor import hosts_from_config
+    from monarch.config import configured
 
     monkeypatch.setenv("MONARCH_TEST_HOSTS", "local:2")
-    hosts = hosts_from_config("MONARCH_TEST_HOSTS")
-    yield hosts
-    try:
-        hosts.shutdown().get(timeout=30)
-    except RuntimeError as e:  # the test shut it down itself
-        assert "already been shut down" in str(e)
+    heartbeat = {} if getattr(request.module, "HOST_HEARTBEAT", True) else {"host_heartbeat_timeout_s": 0}
+    with configured(**heartbeat):
+        hosts = hosts_from_config("MONARCH_TEST_HOSTS")
+        yield hosts
+        try:
+            hosts.shutdown().get(timeout=30)
+        except RuntimeError as e:  # the test shut it down itself
+            assert "already been shut down" in str(e)
 
 
 class Agent:
