@@ -148,7 +148,11 @@ def handle_port_batch(header: dict, bodies: list) -> None:
 def _deliver(handler: PortHandler, rank: int | None, bodies: list, is_exc: bool) -> None:
     """Unpickle a value sent to ``handler``'s port and hand it over, here (the thread that read
     it: often an event loop) unless it may wait as it unpickles (``_off_loop``)."""
-    if WAITING_GLOBALS and _off_loop(handler, rank, bodies, is_exc):
+    if (
+        WAITING_GLOBALS
+        and (_ports_off_loop or may_wait(bodies))  # (most values: no further call)
+        and _off_loop(handler, rank, bodies, is_exc)
+    ):
         return
     _unpickle_and_deliver(handler, rank, bodies, is_exc)
 
