@@ -64,9 +64,11 @@ ACTOR_ORDER = [
     "log_prefix",
     "log_aggregator",
     "process_state",
-    # futures and ports (and the supervision that fails the ports of a dead process)
+    # futures and ports (and the supervision that fails the ports of a dead process, and the
+    # unpickling off the loop of what may wait for work of this process)
     "future",
     "supervision",
+    "unpickle_off_loop",
     "port",
     "collectors",
     "undelivered",
@@ -79,7 +81,6 @@ ACTOR_ORDER = [
     "messaging",
     "proc_mesh",
     # the instance and its dispatch
-    "unpickle_off_loop",
     "instance",
     "dispatch",
 ]

@@ -1,11 +1,12 @@
-"""An async actor's distributed-tensor arguments are waited for off the event loop.
+"""An async actor's distributed-tensor arguments, and distributed tensors sent to a port, are
+waited for off the event loop.
 
 Unpickling a distributed tensor waits until the proc's tensor worker ran the ops issued before
 the call; those may be held back by a shard lent to a call still running (see
 ``test_endpoint_order``). An async actor runs on the proc's event loop, so that wait must not
 block the loop: the call holding the shard, other actors of the proc and every reply go on
 meanwhile. Here a call holding a shard waits for a gate that another actor of its proc opens,
-while a later call's tensor waits for ops that the held shard holds back.
+while a later call's (or a port value's) tensor waits for ops that the held shard holds back.
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ import pytest
 import torch
 
 import monarch
-from monarch.actor import Actor, ActorMesh, Future, ProcMesh, concurrent_endpoint, endpoint
+from monarch.actor import (
+    Actor,
+    ActorMesh,
+    Channel,
+    Future,
+    Port,
+    PortReceiver,
+    ProcMesh,
+    concurrent_endpoint,
+    endpoint,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,6 +87,38 @@ class AsyncHolder(Actor):
         return value
 
 
+class Inbox(Actor):
+    """Channels into its proc, read by concurrent calls (so several may wait at once)."""
+
+    def __init__(self) -> None:
+        self.ports: dict[str, Port[Any]] = {}
+        self.receivers: dict[str, PortReceiver[Any]] = {}
+
+    @endpoint
+    async def open(self, name: str) -> Port[Any]:
+        self.ports[name], self.receivers[name] = Channel.open()
+        return self.ports[name]
+
+    @endpoint
+    async def send_here(self, name: str, value: Any) -> None:
+        """Send ``value`` to channel ``name`` from this proc."""
+        self.ports[name].send(value)
+
+    @concurrent_endpoint
+    async def receive(self, name: str, count: int) -> list:
+        """The next ``count`` values sent to channel ``name``, in the order received (a tensor
+        as its list; an exception that a value raised, as its message)."""
+        values: list = []
+        for _ in range(count):
+            try:
+                value = await self.receivers[name].recv()
+            except Exception as e:
+                values.append(str(e))
+                continue
+            values.append(value.tolist() if isinstance(value, torch.Tensor) else value)
+        return values
+
+
 @pytest.fixture
 def one(procs: ProcMesh) -> Iterator[ProcMesh]:
     """One proc of the module's mesh, where every actor of a test lives (one event loop)."""
@@ -87,14 +130,20 @@ def gate(one: ProcMesh) -> ActorMesh[Gate]:
     return one.spawn("gate", Gate)
 
 
-def _read_behind_a_held_shard(one: ProcMesh, hold: Any, read: Any) -> tuple[Future, Future]:
+def _changed_behind_a_held_shard(one: ProcMesh, hold: Any) -> tuple[Future, torch.Tensor]:
     """``hold(x)``, lent x's shard until the gate opens; ``x.add_(1)``, issued after it and so
-    held back until then; ``read(x)``, whose tensor waits for that op: the two calls."""
+    held back until then: the call, and x (whose value waits for that op)."""
     with one.activate():
         x = torch.zeros(2)
     held = hold.call_one(x)
     with one.activate():
         x.add_(1)
+    return held, x
+
+
+def _read_behind_a_held_shard(one: ProcMesh, hold: Any, read: Any) -> tuple[Future, Future]:
+    """``read(x)`` behind ``hold(x)`` (``_changed_behind_a_held_shard``): the two calls."""
+    held, x = _changed_behind_a_held_shard(one, hold)
     return held, read.call_one(x)
 
 
@@ -144,3 +193,37 @@ def test_a_tensor_that_cannot_be_taken_fails_the_async_call(procs, one, gate) ->
         x = torch.ones(2)
     assert holder.read.call_one(x).get(timeout=ANSWER_S) == [1.0, 1.0]  # the actor goes on
     assert monarch.inspect(x).tolist() == [1.0, 1.0]
+
+
+def test_a_tensor_sent_to_a_port_waits_off_the_loop(one, gate) -> None:
+    """The proc's loop answers while the value waits; values sent to the same port after it,
+    from another proc or its own, are received after it; values to another port of the proc
+    are not held behind it."""
+    holder = one.spawn("async_holder_port", AsyncHolder, gate)
+    inbox = one.spawn("inbox", Inbox)
+    port = inbox.open.call_one("tensors").get(timeout=ANSWER_S)
+    held, x = _changed_behind_a_held_shard(one, holder.hold)
+    port.send(x)
+    port.send(7)
+    inbox.send_here.call_one("tensors", 8).get(timeout=ANSWER_S)  # (a value sent as it is)
+    received = inbox.receive.call_one("tensors", 3)
+    other = inbox.open.call_one("plain").get(timeout=ANSWER_S)
+    other.send(3)
+    assert inbox.receive.call_one("plain", 1).get(timeout=ANSWER_S) == [3]
+    assert gate.ping.call_one().get(timeout=ANSWER_S) == "pong"
+    assert not received.done()  # the tensor still waits, and 7 and 8 behind it
+    gate.open.call_one().get(timeout=ANSWER_S)
+    assert held.get(timeout=ANSWER_S) == [0.0, 0.0]
+    assert received.get(timeout=ANSWER_S) == [[1.0, 1.0], 7, 8]
+
+
+def test_a_port_value_that_cannot_be_unpickled_is_received_as_an_error(procs, one) -> None:
+    """A tensor the proc cannot take reaches the receiver as an error, and the port goes on."""
+    inbox = one.spawn("inbox_error", Inbox)
+    port = inbox.open.call_one("errors").get(timeout=ANSWER_S)
+    with procs.slice(gpus=1).activate():
+        elsewhere = torch.zeros(2)  # pinned on gpus=1 only
+    port.send(elsewhere)
+    port.send(5)
+    first, second = inbox.receive.call_one("errors", 2).get(timeout=ANSWER_S)
+    assert "could not be unpickled" in first and second == 5

@@ -5,13 +5,16 @@ for replies to a mesh call); it pickles as that name, so it can be passed to any
 then sends straight to the receiver's process. On the receiving side a port id maps to a
 ``PortHandler``: a ``PortReceiver`` queue for user channels, or a collector behind
 ``call``/``call_one``/``choose``/``stream``. Handlers run on whichever thread delivers the
-message and are therefore thread-safe.
+message and are therefore thread-safe. A value that may wait as it unpickles (a distributed
+tensor, in a process hosting its tensor worker: ``unpickle_off_loop``) is unpickled on a thread of
+its own, and the values sent to its port after it are handed over after it (``_deliver``).
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import threading
 import weakref
 from collections.abc import Iterable
@@ -21,12 +24,14 @@ from monarch._src.actor import supervision
 from monarch._src.actor.errors import ActorError, SupervisionError
 from monarch._src.actor.future import Future, pending_future, set_exception, set_result
 from monarch._src.actor.process_state import runtime
+from monarch._src.actor.unpickle_off_loop import WAITING_GLOBALS, may_wait, start_thread
 from monarch._src.wire import payload
 from monarch._src.wire.frame import HeaderTemplate
 from monarch._src.wire.protocol import FLAG_EXCEPTION, FLAGS, PORT_ID, RANK, REPLIES, port_value
 
 R = TypeVar("R")
 
+logger = logging.getLogger("monarch.actor")
 
 _port_ids = itertools.count(1)
 #: port id -> handler. Plain dict: single operations are atomic under the GIL. The handlers
@@ -38,6 +43,11 @@ _handlers: dict[int, PortHandler] = {}
 #: ``recv()`` waits on stays (``_waited``): its Future may be all its user kept.
 _receivers: dict[int, weakref.ref[PortReceiver[Any]]] = {}
 _waited: set[PortReceiver[Any]] = set()
+#: port id -> the values sent to it (rank, pickled, is an exception) still to be unpickled by the
+#: thread that unpickles one that may wait (``_off_loop``): listed while that thread runs, so
+#: that the values sent after it are handed over after it.
+_ports_off_loop: dict[int, collections.deque[tuple[int | None, list, bool]]] = {}
+_off_loop_lock = threading.Lock()
 
 
 def _receiver(port_id: int | None) -> PortReceiver[Any] | None:
@@ -136,15 +146,75 @@ def handle_port_batch(header: dict, bodies: list) -> None:
 
 
 def _deliver(handler: PortHandler, rank: int | None, bodies: list, is_exc: bool) -> None:
+    """Unpickle a value sent to ``handler``'s port and hand it over, here (the thread that read
+    it: often an event loop) unless it may wait as it unpickles (``_off_loop``)."""
+    if (
+        WAITING_GLOBALS
+        and (_ports_off_loop or may_wait(bodies))  # (most values: no further call)
+        and _off_loop(handler, rank, bodies, is_exc)
+    ):
+        return
+    _unpickle_and_deliver(handler, rank, bodies, is_exc)
+
+
+def _unpickle_and_deliver(handler: PortHandler, rank: int | None, bodies: list, is_exc: bool) -> None:
     try:
         value = payload.loads(bodies)
     except Exception as e:
-        what = "an exception" if is_exc else "a value"
-        value = ActorError(
-            e, f"The reply to {handler.label}() carried {what} that could not be unpickled here."
-        )
-        is_exc = True
+        value, is_exc = _not_unpickled(handler, e, is_exc), True
     handler.deliver(rank, value, is_exc)
+
+
+def _not_unpickled(handler: PortHandler, error: BaseException, is_exc: bool) -> ActorError:
+    """What the receiver gets for a value that could not be unpickled: an error saying why."""
+    what = "an exception" if is_exc else "a value"
+    return ActorError(
+        error, f"The reply to {handler.label}() carried {what} that could not be unpickled here."
+    )
+
+
+def _off_loop(handler: PortHandler, rank: int | None, bodies: list, is_exc: bool) -> bool:
+    """Whether a thread unpickles and hands over this value: it may wait as it unpickles (for
+    minutes: it must not block the loop that read it, nor the other ports' values), or it was
+    sent after such a value to the same port, still being unpickled (it goes after that one).
+    That thread's own failure to start is handed over as this value's error."""
+    port_id = handler.port_id
+    if port_id not in _ports_off_loop and not may_wait(bodies):
+        return False
+    with _off_loop_lock:
+        queued = _ports_off_loop.get(port_id)
+        if queued is not None:
+            queued.append((rank, bodies, is_exc))
+            return True
+        if not may_wait(bodies):  # the value it was sent after was handed over meanwhile
+            return False
+        queued = _ports_off_loop[port_id] = collections.deque([(rank, bodies, is_exc)])
+        try:
+            start_thread(lambda: _deliver_in_order(handler, queued), f"monarch-unpickle-port-{port_id}")
+            return True
+        except RuntimeError as e:
+            del _ports_off_loop[port_id]
+            failure = _not_unpickled(handler, e, is_exc)
+    handler.deliver(rank, failure, True)
+    return True
+
+
+def _deliver_in_order(handler: PortHandler, queued: collections.deque[tuple[int | None, list, bool]]) -> None:
+    """(a thread of its own) Unpickle and hand over the values ``queued`` for ``handler``'s port,
+    in the order sent, until none is left; then later values are unpickled where they are read."""
+    port_id = handler.port_id
+    while True:
+        with _off_loop_lock:
+            if not queued:
+                del _ports_off_loop[port_id]
+                return
+            rank, bodies, is_exc = queued.popleft()
+        if handler_of(port_id) is not handler:
+            continue  # receiver gone, or done: dropped, as for a frame (see handle_port_frame)
+        try:
+            _unpickle_and_deliver(handler, rank, bodies, is_exc)
+        except Exception:  # as the runtime's dispatch does for a handler that raises
+            logger.exception("handing over a value sent to %s() failed", handler.label)
 
 
 class Port(Generic[R]):
@@ -175,7 +245,8 @@ class Port(Generic[R]):
             handler = _handlers.get(self._port_id) or _receiver(self._port_id)
             if handler is None:
                 return  # receiver gone, as for a frame (see handle_port_frame)
-            if not handler.raw_frames:
+            if not handler.raw_frames and not (_ports_off_loop and self._port_id in _ports_off_loop):
+                # (A port whose earlier values are still unpickled off the loop: pickled, behind them.)
                 handler.deliver(self._rank, obj, bool(flags & FLAG_EXCEPTION))
                 return
         if flags:

@@ -8,7 +8,10 @@ actor's mailbox runs on the process's event loop: waiting there would stall ever
 every reply of the process, and a running call holding the shard, which needs the loop to end,
 could never end (the process hung until the lend timed out). So an async actor's message that
 may wait is unpickled on a thread of its own while its mailbox awaits it; the messages behind
-it still start only after it.
+it still start only after it. A value sent to a port of such a process is decoded on the
+runtime's loop (or the loop reading its replies) just as well: one that may wait is unpickled on
+a thread too, and the values sent to that port after it are delivered after it
+(``port._deliver``); other ports' values do not wait for it.
 
 Which messages may wait is read from the pickle stream: it names every global it calls, by
 module and name, and the layer whose arguments wait names its global here
@@ -75,16 +78,22 @@ async def off_loop(work: Callable[[], T], thread_name: str) -> T:
         except RuntimeError:  # the loop closed meanwhile: nobody waits for it any more
             pass
 
+    start_thread(run, thread_name)
+    return await settled
+
+
+def start_thread(run: Callable[[], None], thread_name: str) -> None:
+    """Start ``run`` on a daemon thread of its own (it may wait for minutes: nothing joins it).
+    Raises RuntimeError, saying why and what to do, if no thread can be started."""
     try:
         threading.Thread(target=run, name=thread_name, daemon=True).start()
     except RuntimeError as e:  # e.g. the process's thread or memory limit is reached
         raise RuntimeError(
-            f"no thread could be started to unpickle this message's arguments ({e}); they may "
-            "wait for work of this process, which must not block its event loop\n"
+            f"no thread could be started to unpickle a message ({e}); it may wait for work of "
+            "this process, which must not block its event loop\n"
             "HINT: the process may be at its thread limit (ulimit -u, the cgroup's pids.max) or out "
             "of memory for another thread stack."
         ) from e
-    return await settled
 
 
 def _settle(settled: Any, value: Any, error: BaseException | None) -> None:
