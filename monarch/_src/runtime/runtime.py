@@ -523,10 +523,12 @@ class Runtime:
                     when_alive = self._replacing(address, conn)
                 if resend is not None and conn.unanswered:
                     # It wrote nothing but its hello, which the peer may never have read: then
-                    # it takes the connection that one asked about for the previous, and asked
-                    # about this one ("0 frames written") would answer that none of those were
-                    # read, and they would run twice. So its question goes again (the peer
-                    # tells whether it read it: ``Runtime._first_frame``).
+                    # the peer still takes the connection that hello asked about for the
+                    # previous one, and asked about this one ("0 frames written") it would
+                    # answer that none of that one's frames were read (they would run twice),
+                    # without waiting for those still on their way. So the same question goes
+                    # again, naming the same connection: the peer tells by that name whether it
+                    # answered it already (``_first_frame``).
                     question = conn.question
                 else:
                     known_from, tagged = conn.sent_tags()
@@ -765,13 +767,11 @@ class Runtime:
     def _asked_again(
         self, link: tuple[str, str], asked: IncomingConnection, conn: IncomingConnection, route: Handler
     ) -> None:
-        """The peer's hello on ``conn`` asks what ``asked``'s did, as it closed before the
-        answer reached the peer (it wrote nothing on it but its hello, which the peer cannot
-        know was read here): ``conn`` is told what ``asked`` was told, or waits in its place
-        for the answer. Nothing is settled again: what was lost was settled with that answer
-        (asking about ``asked`` itself, "0 frames written", the peer would have been told the
-        same count, but the connection before it would not be known then if its hello was
-        never read here: see ``Runtime._connect``)."""
+        """The peer's hello on ``conn`` asks again what ``asked``'s asked: ``asked`` closed at
+        the peer's end before the answer got there (the peer wrote nothing on it but that
+        hello, which it cannot know was read here, see ``_connect``). ``conn`` waits in its
+        place for the answer, or is told what ``asked`` was told; nothing is settled twice
+        (what was lost was settled with that answer)."""
         if asked.read_count_due and self._wait_in_place(link, asked, conn, route):
             return
         conn.tell_read(asked.told)  # (None, unknown, if never told: nothing runs twice)
