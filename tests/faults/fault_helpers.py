@@ -94,8 +94,11 @@ def socket_path(address: str) -> str:
     return address[len("unix:") :]
 
 
-def authenticated_connection(address: str, timeout: float = 30.0) -> socket.socket:
-    """A connection that passed the handshake with this job's secret (the client's)."""
+def authenticated_connection(
+    address: str, timeout: float = 30.0, nonce: bytes | None = None
+) -> socket.socket:
+    """A connection that passed the handshake with this job's secret (the client's); ``nonce``:
+    the one it chooses there (which names the connection in a later hello), else a random one."""
     from monarch._src.actor.process_state import runtime
 
     secret = runtime().secret
@@ -112,7 +115,7 @@ def authenticated_connection(address: str, timeout: float = 30.0) -> socket.sock
                 raise
     with s.makefile("rb") as incoming:  # the server sends nothing after its proof
         challenge = incoming.read(CHALLENGE_BYTES)
-        nonce_s, nonce_c = challenge[5:], os.urandom(32)
+        nonce_s, nonce_c = challenge[5:], nonce or os.urandom(32)
         s.sendall(nonce_c + hmac.digest(secret, b"C" + nonce_s + nonce_c, hashlib.sha256))
         if len(incoming.read(32)) != 32:  # the server's proof: we are in
             raise ConnectionError(f"{address} did not accept the handshake")

@@ -105,8 +105,10 @@ def ask_what_was_read(address: str, sender: str, previous: tuple[int, int, list,
         return answer(raw)
 
 
-def hello(sender: str, previous: tuple[int, int, list, list, int] | None = None) -> bytes:
-    return frame(peer_hello(sender, previous), [])
+def hello(sender: str, previous: tuple[int, int, list, list, int] | None = None, of: bytes = b"") -> bytes:
+    """``sender``'s hello, asking what was read of its connection ``of`` (the nonce of its
+    handshake), which wrote ``previous``."""
+    return frame(peer_hello(sender, previous, 0, of), [])
 
 
 def reply(port_id: int, value: Any) -> bytes:
@@ -181,6 +183,10 @@ def incoming(address: str) -> dict[IncomingConnection, SocketReader]:
     return dict(lent._readers)
 
 
+#: The nonce of the old connection's handshake, which names it in the later hellos.
+OLD = os.urandom(32)
+
+
 class TripleFault:
     """The worker (this test, on raw connections) wrote two replies on its connection to a
     calling thread's reply address, of which this process read the first: then that connection
@@ -190,17 +196,18 @@ class TripleFault:
 
     def __init__(self, worker: str, caller: CallingThread) -> None:
         address = caller.address
-        self.old = authenticated_connection(address)
+        self.old = authenticated_connection(address, nonce=OLD)
         self.old.sendall(hello(worker) + reply(caller.ports[0], "zero"))
         assert caller.calls[0].get(timeout=20) == "zero"
         self.dropped = authenticated_connection(address)
-        said = (2, 0, [[0, caller.ports[0]], [1, caller.ports[1]]], [], 0)
-        self.dropped.sendall(hello(worker, said))
+        #: What the replacement asks of the old connection.
+        self.said = (2, 0, [[0, caller.ports[0]], [1, caller.ports[1]]], [], 0)
+        self.dropped.sendall(hello(worker, self.said, OLD))
         self.waiting = wait_until(lambda: on_loop(lambda: waiting_behind(address)), 10, "the wait behind")
         self.next = authenticated_connection(address)
-        #: The replacement's hello says: of the frames from the first on (it wrote none itself
-        #: and numbers its frames on from the same one), how many were read?
-        self.next_hello = hello(worker, (0, 0, [], [], 0))
+        #: The next connection's hello asks again what the dropped one asked: the worker never
+        #: heard the answer (it wrote nothing on it, and numbers its frames on from the same one).
+        self.next_hello = hello(worker, self.said, OLD)
 
     def close(self) -> None:
         for raw in (self.old, self.dropped, self.next):
@@ -280,4 +287,92 @@ def test_a_hello_read_in_the_turn_that_read_its_previous_connections_ends_is_ans
         assert mesh.release.call_one().get(timeout=20) == "released"
     finally:
         fault.close()
+        caller.end()
+
+
+@pytest.mark.parametrize("old", ["delivers", "ends", "ended-first"])
+def test_a_question_asked_again_after_a_hello_never_read_here_is_answered_exactly(
+    gate: tuple[Any, str], old: str
+) -> None:
+    """The worker's replacement connection was authenticated, but its hello never came here
+    (lost in a reset): the next connection asks again what it asked, naming the old connection,
+    which this process still takes for the worker's previous one. It waits behind the old one,
+    and is told 2 once that one delivered the second reply, or 1 once it ended without it (then
+    it sends that reply again); or 1 at once if the old one had ended first. Each call gets its
+    value once. (Asked about the replacement, "0 frames written", this process answered 0: the
+    worker would have sent the first reply again, and a message read here would have run
+    twice.)"""
+    mesh, worker = gate
+    caller = CallingThread()
+    caller.call(mesh, worker, 2)
+    address, link = caller.address, (worker, caller.address)
+    first = authenticated_connection(address, nonce=OLD)
+    try:
+        first.sendall(hello(worker) + reply(caller.ports[0], "zero"))
+        assert caller.calls[0].get(timeout=20) == "zero"
+        authenticated_connection(address).close()  # the replacement: its hello never comes
+        if old == "ended-first":
+            first.close()
+            wait_until(lambda: on_loop(lambda: link in runtime()._drops), 10, "the old connection's end")
+        with authenticated_connection(address) as nxt:
+            nxt.sendall(hello(worker, (2, 0, [[0, caller.ports[0]], [1, caller.ports[1]]], [], 0), OLD))
+            if old == "delivers":
+                wait_until(lambda: on_loop(lambda: waiting_behind(address)), 10, "the wait behind")
+                first.sendall(reply(caller.ports[1], "one"))
+                assert answer(nxt) == 2
+            else:
+                if old == "ends":
+                    wait_until(lambda: on_loop(lambda: waiting_behind(address)), 10, "the wait behind")
+                    first.close()
+                assert answer(nxt) == 1
+                nxt.sendall(reply(caller.ports[1], "one"))
+            assert caller.calls[1].get(timeout=20) == "one"
+            assert mesh.release.call_one().get(timeout=20) == "released"
+    finally:
+        first.close()
+        caller.end()
+
+
+@pytest.mark.parametrize("dropped_end_seen", [False, True], ids=["dropped-open", "dropped-ended"])
+def test_a_question_asked_again_after_its_answer_was_lost_is_told_the_same(
+    gate: tuple[Any, str], dropped_end_seen: bool
+) -> None:
+    """The replacement was told what was read (2: the old connection delivered both replies),
+    but dropped before the worker heard it: the next connection asks again, and is told the
+    same at once; nothing is settled twice, no call fails, and the replacement is closed here
+    as replaced (else, its end not seen here, it would be taken for a drop to settle later).
+    Asked about the old connection as if new, this process would wait for frames the
+    replacement never carries, and report what it lost again."""
+    mesh, worker = gate
+    caller = CallingThread()
+    caller.call(mesh, worker, 2)
+    address, link = caller.address, (worker, caller.address)
+    said = (2, 0, [[0, caller.ports[0]], [1, caller.ports[1]]], [], 0)
+    first = authenticated_connection(address, nonce=OLD)
+    dropped = authenticated_connection(address)
+    try:
+        first.sendall(hello(worker) + reply(caller.ports[0], "zero"))
+        assert caller.calls[0].get(timeout=20) == "zero"
+        dropped.sendall(hello(worker, said, OLD))
+        wait_until(lambda: on_loop(lambda: waiting_behind(address)), 10, "the wait behind")
+        first.sendall(reply(caller.ports[1], "one"))
+        assert answer(dropped) == 2  # (the worker never hears it)
+        assert caller.calls[1].get(timeout=20) == "one"
+        (replaced,) = on_loop(lambda: [c for c in incoming(address) if c.peer and c.asked_about == OLD])
+        if dropped_end_seen:
+            dropped.close()
+            wait_until(lambda: on_loop(lambda: link in runtime()._drops), 10, "the replacement's end")
+        with authenticated_connection(address) as nxt:
+            nxt.sendall(hello(worker, said, OLD))
+            assert answer(nxt) == 2
+            assert on_loop(lambda: link not in runtime()._drops)  # the replacement's, if seen
+            first.close()  # settled with both replies read: no call fails
+            assert mesh.release.call_one().get(timeout=20) == "released"
+            assert mesh.wait.call_one().get(timeout=20) == "done"
+        if not dropped_end_seen:
+            wait_until(lambda: replaced.closed, 10, "the replaced connection to be closed here")
+            assert "replaced it before it was told" in str(replaced.close_reason), replaced.close_reason
+    finally:
+        first.close()
+        dropped.close()
         caller.end()

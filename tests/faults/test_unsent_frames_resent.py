@@ -45,6 +45,8 @@ BURST = 4 * 2 * SNDBUF // len(PAD)
 CALLS = 20
 #: The address a raw peer names in its hello (nothing is sent back to it).
 FAKE_PEER = "unix:/nonexistent/raw-peer.sock"
+#: The nonce of the raw peer's old connection's handshake: its new hello names it.
+OLD = os.urandom(32)
 MIB = 1 << 20
 #: Calls with an array lent from shared memory.
 LENT = 4
@@ -220,7 +222,9 @@ def test_a_new_connection_waits_for_what_the_old_one_still_carries(
         )
 
     def hello(previous: tuple[int, int, list, list, int | None] | None) -> bytes:
-        return b"".join(bytes(b) for b in encode_frame(peer_hello(FAKE_PEER, previous), [], 1 << 30))
+        """Its hello; ``previous``: what it wrote on the old connection."""
+        header = peer_hello(FAKE_PEER, previous, 0, OLD)
+        return b"".join(bytes(b) for b in encode_frame(header, [], 1 << 30))
 
     def recorded(n: int) -> list[int]:
         def enough() -> list[int] | None:
@@ -229,7 +233,7 @@ def test_a_new_connection_waits_for_what_the_old_one_still_carries(
 
         return wait_until(enough, 30, f"{n} broadcasts to run")
 
-    with authenticated_connection(address) as old, authenticated_connection(address) as new:
+    with authenticated_connection(address, nonce=OLD) as old, authenticated_connection(address) as new:
         old.sendall(hello(None) + broadcasts(range(100)))
         recorded(100)  # the old connection is the peer's, as its hello said
         new.sendall(hello((200, 0, [], [], None)) + broadcasts(range(200, 300)))

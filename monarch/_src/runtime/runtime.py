@@ -49,6 +49,7 @@ from monarch._src.wire.protocol import (
     PORT_BATCH_KIND,
     PORT_ID,
     PORT_KIND,
+    PREVIOUS_CONNECTION,
     PREVIOUS_FRAMES,
     PREVIOUS_KNOWN_FROM,
     PREVIOUS_REPLIES,
@@ -509,7 +510,7 @@ class Runtime:
             # The peer is told how many frames the connection this one replaces carried (it
             # stays listed until replaced when it had been authenticated), and which were
             # replies, so that it can tell which of them it lost.
-            previous = None
+            question = None
             resend = None
             first_index = 0
             when_alive: Callable[[OutgoingConnection], None] | None = None
@@ -520,14 +521,27 @@ class Runtime:
                     # those it wrote that the peer did not read, if it kept them.
                     resend = conn.take_unread()
                     when_alive = self._replacing(address, conn)
-                known_from, tagged = conn.sent_tags()
-                replies = [entry for entry in tagged if entry[1].__class__ is int]
-                reports = [entry for entry in tagged if entry[1].__class__ is dict]
-                resent_from = resend.written_from if resend is not None else None
-                previous = (conn.frames_sent, known_from, replies, reports, resent_from)
+                if resend is not None and conn.unanswered:
+                    # It wrote nothing but its hello, which the peer may never have read: then
+                    # the peer still takes the connection that hello asked about for the
+                    # previous one, and asked about this one ("0 frames written") it would
+                    # answer that none of that one's frames were read (they would run twice),
+                    # without waiting for those still on their way. So the same question goes
+                    # again, naming the same connection: the peer tells by that name whether it
+                    # answered it already (``_first_frame``).
+                    question = conn.question
+                else:
+                    known_from, tagged = conn.sent_tags()
+                    replies = [entry for entry in tagged if entry[1].__class__ is int]
+                    reports = [entry for entry in tagged if entry[1].__class__ is dict]
+                    resent_from = resend.written_from if resend is not None else None
+                    question = ((conn.frames_sent, known_from, replies, reports, resent_from), conn.nonce)
                 # Its frames are numbered on from the previous one's (``read_count``).
                 first_index = conn.first_index + conn.frames_sent if resend is None else resend.first_index
-            hello = encode_frame(peer_hello(self.address, previous, first_index), [], self.max_frame_bytes)
+            previous, of = question or (None, b"")
+            hello = encode_frame(
+                peer_hello(self.address, previous, first_index, of), [], self.max_frame_bytes
+            )
             new = self._new_outgoing(
                 address,
                 on_close=lambda c, reason: self._outgoing_closed(address, c, reason),
@@ -536,6 +550,7 @@ class Runtime:
                 resend=resend,
                 first_index=first_index,
             )
+            new.question = question
             if when_alive is not None:
                 new.when_authenticated.append(functools.partial(when_alive, new))
             self._conns[address] = new
@@ -719,28 +734,47 @@ class Runtime:
         )
         # The peer waits to hear how many frames of the previous connection were read.
         conn.read_count_due = said[4] is not None
-        if before is not None and not before.closed:
-            if before.read_count_due and self._wait_in_place(link, before, conn, route):
-                # ``before`` waited behind an older connection, paused, so its drop at the
-                # peer's end is not seen here; it carried nothing but its hello (its peer writes
-                # only once told), and ``conn`` took its place: it ends here, accounted for.
-                self._closes_counted.add(before)
-                before.abort(
-                    ConnectionResetError(f"{sender} replaced it before it was told what was read"), False
-                )
-                return
-            self._said_before[before] = (said, conn)  # its close, still to come here, settles it
-            self._queue_behind(conn, before, frames, route)
+        # The connection the question is about (its handshake's nonce), or one that asked it
+        # already: the peer asks again when it never heard the answer (``Runtime._connect``).
+        about = conn.asked_about = header.get(PREVIOUS_CONNECTION)
+        drop = self._drops.get(link) if before is None else None
+        latest = before if drop is None else drop.conn
+        if about is None or latest is None or about not in (latest.nonce, latest.asked_about):
+            # No record of it: its hello never read here (nor any frame of it), or the record
+            # given up on (``_no_hello``).
+            self._settle_unknown(sender, said, conn)
             return
-        drop = self._drops.pop(link, None)
         if drop is not None:
+            del self._drops[link]
             if drop.timer is not None:
                 drop.timer.cancel()
-            if drop.upto is None and self._wait_in_place(link, drop.conn, conn, route):
-                return
+        if about != latest.nonce:
+            self._asked_again(link, latest, conn, route)
+            if drop is None:
+                # Its peer replaced it (its drop not seen here yet: it may wait behind an older
+                # connection, paused); it carried nothing but its hello: it ends here, accounted
+                # for.
+                self._closes_counted.add(latest)
+                latest.abort(
+                    ConnectionResetError(f"{sender} replaced it before it was told what was read"), False
+                )
+        elif drop is None:
+            self._said_before[latest] = (said, conn)  # its close, still to come here, settles it
+            self._queue_behind(conn, latest, frames, route)
+        else:
             self._settle(sender, drop, said, conn)
-        else:  # no record of it (its hello never read here, or given up on: ``_no_hello``)
-            self._settle_unknown(sender, said, conn)
+
+    def _asked_again(
+        self, link: tuple[str, str], asked: IncomingConnection, conn: IncomingConnection, route: Handler
+    ) -> None:
+        """The peer's hello on ``conn`` asks again what ``asked``'s asked: ``asked`` closed at
+        the peer's end before the answer got there (the peer wrote nothing on it but that
+        hello, which it cannot know was read here, see ``_connect``). ``conn`` waits in its
+        place for the answer, or is told what ``asked`` was told; nothing is settled twice
+        (what was lost was settled with that answer)."""
+        if asked.read_count_due and self._wait_in_place(link, asked, conn, route):
+            return
+        conn.tell_read(asked.told)  # (None, unknown, if never told: nothing runs twice)
 
     def _wait_in_place(
         self, link: tuple[str, str], replaced: IncomingConnection, conn: IncomingConnection, route: Handler
@@ -750,7 +784,8 @@ class Runtime:
         closed, or its drop was not seen yet: ``conn``'s hello came first): ``conn`` waits
         there in its place, and is told once the older one delivered what it carried, or closed
         (``replaced`` carried nothing but its hello: its peer writes only once told). False if
-        ``replaced`` waits behind no connection of ``link``."""
+        ``replaced`` waits behind no connection of ``link`` (the older one closed: it was told
+        now, ``_close_seen``)."""
         for old, waiting in list(self._behind.items()):
             if _link(old) != link:
                 continue

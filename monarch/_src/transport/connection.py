@@ -110,6 +110,13 @@ class IncomingConnection(asyncio.BufferedProtocol):
         #: Set by the owner when the peer's hello asks how many frames of the connection this
         #: one replaces were read; cleared once told (``tell_read``).
         self.read_count_due = False
+        #: What the peer was told (``tell_read``; None: unknown, or not told): a later
+        #: connection of the peer that asks the same question again is told the same.
+        self.told: int | None = None
+        #: The nonce the peer chose in the handshake (``auth``), which names this connection in
+        #: its later hellos; and the one its own hello's question named (set by the owner).
+        self.nonce: bytes | None = None
+        self.asked_about: bytes | None = None
         #: The number of this connection's first frame among all those the peer sent to this
         #: process (its hello says; moved on past those the peer did not send again once told
         #: what was read, ``tell_read``): what it read of them all is told in those terms.
@@ -226,6 +233,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
         then on numbered from."""
         if self.read_count_due:
             self.read_count_due = False
+            self.told = count
             if count is not None:
                 self.first_index = max(self.first_index, count)
             self._write_back(read_count.PREVIOUS, read_count.UNKNOWN if count is None else count)
@@ -424,6 +432,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
             raise
         self.transport.write(auth.server_proof(self._secret, nonce_c, self._nonce_s))  # type: ignore[union-attr]
         self.authenticated = True
+        self.nonce = nonce_c
         self._handshake_over()
         self._state, self._need = _PREFIX, PREFIX_SIZE
         # Only now is the peer worth a full-size buffer.

@@ -230,6 +230,9 @@ class OutgoingConnection:
         #: What the connection this one replaces wrote and kept (``Kept``): the peer is asked
         #: which of those it read.
         self._resend_from, self._resend_written = resend.written_from, resend.written
+        #: (its owner's) What its greeting asked the peer: asked again by the connection that
+        #: replaces it if it closes ``unanswered``.
+        self.question: Any = None
         #: Written frames kept for a resend, the first of them frame ``_retained_from`` (all
         #: before it were read, or forgotten), until the peer read them; and their bytes (and
         #: those of the frame being written, counted as they are written).
@@ -470,6 +473,18 @@ class OutgoingConnection:
             self._unkept = []
         kept += [(index + len(written), tag) for index, tag in tags]
         return Kept(written + held, kept, first, was_written, self.first_index + first, unkept)
+
+    @property
+    def nonce(self) -> bytes:
+        """The nonce it chose in the handshake (once authenticated): the peer knows it too, so
+        the next connection's greeting names this one by it."""
+        return self._nonce_c
+
+    @property
+    def unanswered(self) -> bool:
+        """Whether its greeting asked what the peer read (``resend``) and it closed before the
+        answer came: it wrote nothing but the greeting, which the peer may never have read."""
+        return self._resend_from is not None and not self._writable
 
     @property
     def written_before(self) -> int:

@@ -155,6 +155,10 @@ PREVIOUS_RESENT_FROM = "w"
 #: PEER_HELLO: the number of the connection's first frame among all those the sender sent to the
 #: receiver, on every connection (0 if absent): the receiver's count is of them all.
 FIRST_INDEX = "j"
+#: PEER_HELLO: the nonce the sender chose in the handshake of the connection those counts are
+#: of (both ends know it): names that connection, which need not be the receiver's latest from
+#: the sender (the hello of the one between may never have been read there).
+PREVIOUS_CONNECTION = "c"
 #: MESSAGES_LOST: ``[[destination, count], ...]``, a destination the key of an actor, the kind
 #: of a frame for no actor, or None when the sender did not record where they were going.
 LOST = "l"
@@ -240,6 +244,7 @@ FIELDS: dict[int, tuple[str, ...]] = {
         PREVIOUS_KNOWN_FROM,
         PREVIOUS_RESENT_FROM,
         FIRST_INDEX,
+        PREVIOUS_CONNECTION,
     ),
     MESSAGES_LOST_KIND: (SENDER, LOST, REPORT, UNCERTAIN),
     SHM_GIVE_BACK_KIND: (FILE_NAMES,),
@@ -382,10 +387,14 @@ def port_batch(port_id: int, replies: list[list[int]]) -> dict[str, Any]:
 
 
 def peer_hello(
-    sender: str, previous: tuple[int, int, list, list, int | None] | None = None, first_index: int = 0
+    sender: str,
+    previous: tuple[int, int, list, list, int | None] | None = None,
+    first_index: int = 0,
+    of: bytes = b"",
 ) -> dict[str, Any]:
     """``previous``: ``(frames, known from, replies, reports, resent from)`` of the sender's
-    previous connection; ``first_index``: the number of the new one's first frame."""
+    connection ``of`` (its handshake's nonce); ``first_index``: the number of the new one's
+    first frame."""
     if previous is None:
         return {KIND: PEER_HELLO_KIND, SENDER: sender}
     frames, known_from, replies, reports, resent_from = previous
@@ -396,6 +405,7 @@ def peer_hello(
         PREVIOUS_KNOWN_FROM: known_from,
         PREVIOUS_REPLIES: replies,
         PREVIOUS_REPORTS: reports,
+        PREVIOUS_CONNECTION: of,
     }
     if resent_from is not None:
         hello[PREVIOUS_RESENT_FROM] = resent_from
