@@ -18,7 +18,7 @@ import threading
 
 import pytest
 from actors import Gate, Pid
-from helpers import drop_reply_connection, runtime_loop_held
+from helpers import drop_reply_connection, run_python, runtime_loop_held
 
 from monarch._src.actor.process_state import runtime
 from monarch.actor import Actor, SupervisionError, endpoint
@@ -168,3 +168,47 @@ def test_a_timeout_holds_when_the_threads_address_closes_mid_wait() -> None:
     assert run.returncode == 0, run.stderr
     seconds = float(run.stdout.split("timed out after ")[1].split()[0])
     assert 1.9 <= seconds < 2.7, run.stdout
+
+
+MANY_REPLY_CONNECTIONS = """
+import gc, threading
+from concurrent.futures import ThreadPoolExecutor
+from monarch.actor import Actor, endpoint, this_host
+
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 1e6
+
+class Echo(Actor):
+    @endpoint
+    def echo(self, x):
+        return x
+
+procs = this_host().spawn_procs(per_host={"gpus": 4})
+echo = procs.spawn("echo", Echo)
+echo.echo.call(0).get(timeout=30)
+gc.collect()
+before = rss_mb()
+together = threading.Barrier(32)
+
+def calls(i):
+    together.wait(timeout=30)  # 32 threads at once: 32 reply addresses, each replied to by 4 workers
+    for rank in range(4):
+        assert echo.slice(gpus=rank).echo.call_one(i).get(timeout=30) == i
+
+with ThreadPoolExecutor(32) as pool:
+    list(pool.map(calls, range(32)))
+gc.collect()
+print("GROWTH_MB", rss_mb() - before)
+procs.stop().get(timeout=30)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_reply_connections_cost_little_memory() -> None:
+    """Each worker replying to a thread's address holds a connection to it: 128 of them here
+    (32 threads x 4 workers). Their read buffers start small (replies come one at a time) and
+    grow only for what arrives; at the size of the process's own connections' they cost 32 MB."""
+    proc = run_python(MANY_REPLY_CONNECTIONS, timeout=80)
+    assert proc.returncode == 0, proc.stderr
+    [growth] = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("GROWTH_MB ")]
+    assert growth < 16, proc.stdout

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from monarch._src.transport import address as addresses
-from monarch._src.transport.connection import IncomingConnection
+from monarch._src.transport.connection import REPLY_SCRATCH_BYTES, IncomingConnection
 from monarch._src.transport.listener import Listener
 from monarch._src.transport.socket_reader import ReaderSet, SocketReader
 from monarch._src.wire.protocol import KIND, PORT_BATCH_KIND, PORT_KIND
@@ -231,6 +231,7 @@ class ReplyAddress:
             name=f"<-{self.address}",
             local_address=self.address,
             defer_cut_off=True,  # settled with the peer's next hello (``incoming_closed``)
+            scratch_bytes=REPLY_SCRATCH_BYTES,  # (one connection per worker per address)
         )
         return conn
 

@@ -39,7 +39,12 @@ from monarch._src.wire.frame import (
 
 logger = logging.getLogger("monarch.transport")
 
+#: The read buffer of an authenticated connection, as it starts (it doubles when a read fills
+#: it): one read takes a burst of small frames at once.
 SCRATCH_BYTES = 256 * 1024
+#: The same for a connection that carries replies to one thread or event loop only (a reply
+#: address's: ``loop_replies``), one per worker replying there: small frames one at a time.
+REPLY_SCRATCH_BYTES = 16 * 1024
 #: A body at least this large is read directly into its own buffer.
 DIRECT_READ_BYTES = 64 * 1024
 #: A large body's buffer is first allocated this large (or the body's size, if smaller); it
@@ -75,11 +80,13 @@ class IncomingConnection(asyncio.BufferedProtocol):
         local_address: str = "",
         on_read_done: Callable[[], None] | None = None,
         defer_cut_off: bool = False,
+        scratch_bytes: int = SCRATCH_BYTES,
     ) -> None:
         """``on_read_done``: told after the frames of each read from the socket were handed to
         ``on_frame``, so that work they call for can be done once per read. ``defer_cut_off``:
         a frame the connection's end cuts off is left in ``cut_off`` for the owner, who may
-        learn that its sender sends it again, instead of handed to ``on_reject``."""
+        learn that its sender sends it again, instead of handed to ``on_reject``.
+        ``scratch_bytes``: its read buffer once the peer authenticated (it doubles when full)."""
         self.name = name
         #: The address of this process the peer connected to.
         self.local_address = local_address
@@ -91,6 +98,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self._on_close = on_close
         self._on_read_done = on_read_done
         self._defer_cut_off = defer_cut_off
+        self._scratch_bytes = scratch_bytes
         #: The header of the frame the connection's end cut off, and the error that says so
         #: (with ``defer_cut_off``); not counted in ``frames_read``.
         self.cut_off: tuple[dict, BaseException] | None = None
@@ -437,7 +445,7 @@ class IncomingConnection(asyncio.BufferedProtocol):
         self._state, self._need = _PREFIX, PREFIX_SIZE
         # Only now is the peer worth a full-size buffer.
         early = self._buf[self._start : self._end]
-        self._buf = bytearray(SCRATCH_BYTES)
+        self._buf = bytearray(self._scratch_bytes)
         self._buf[: len(early)] = early
         self._start, self._end = 0, len(early)
         if self._handshake_timer is not None:
