@@ -144,11 +144,10 @@ class ActorInstance:
         self.thread_ident: int | None = None
         #: The async actor's mailbox task, where ``await`` of a call to itself deadlocks.
         self.mailbox_task: asyncio.Task[Any] | None = None
-        #: True while a message's arguments are unpickled by the thread running the mailbox,
-        #: or the ident of the thread unpickling them off the loop (``_unpickle_off_loop``);
-        #: what they register with ``when_message_done`` meanwhile waits here until the handler
-        #: takes it.
-        self._decoding: bool | int = False
+        #: The thread unpickling a message's arguments now (the mailbox's, or one of its own off
+        #: the loop: ``_unpickle_off_loop``), 0 while none does; what they register with
+        #: ``when_message_done`` meanwhile waits here until the handler takes it.
+        self._decoding = 0
         self._message_done: list[Callable[[], None]] | None = None
         #: What the arguments being unpickled share (``decoding_scratch``), until they are.
         self._decoding_scratch: dict[str, Any] | None = None
@@ -436,7 +435,7 @@ class ActorInstance:
             try:
                 return payload.loads(bodies)  # type: ignore[no-any-return]
             finally:
-                self._decoding = False
+                self._decoding = 0
 
         arguments = await off_loop(unpickle, f"monarch-unpickle-{self.name}")
         bodies.clear()  # the arguments own their buffers now; see _handle_sync
@@ -475,11 +474,11 @@ class ActorInstance:
             if isinstance(bodies, tuple):  # immutable arguments from this process, as they are
                 args, kwargs = bodies
             elif isinstance(bodies, list):
-                self._decoding = True
+                self._decoding = threading.get_ident()
                 try:
                     args, kwargs = payload.loads(bodies)
                 finally:
-                    self._decoding = False
+                    self._decoding = 0
                 bodies.clear()  # the arguments own their buffers now; see _handle_sync
             else:  # unpickled off the loop (``_settled``): its arguments, or its error raised here
                 args, kwargs = bodies()
@@ -787,7 +786,7 @@ def when_message_done(callback: Callable[[], None]) -> bool:
     An argument that lends the actor something of its process for the call (a distributed
     tensor's shard) gives it back so. False, with nothing registered, outside such unpickling."""
     inst = current_instance.get()
-    if inst is None or not _decoding_here(inst):
+    if inst is None or inst._decoding != threading.get_ident():
         return False
     if inst._message_done is None:
         inst._message_done = []
@@ -800,18 +799,11 @@ def decoding_scratch() -> dict[str, Any] | None:
     that must know of each other (a call's distributed tensors: the batches the last one waits
     for, none of their lent shards may hold back); None outside such unpickling."""
     inst = current_instance.get()
-    if inst is None or not _decoding_here(inst):
+    if inst is None or inst._decoding != threading.get_ident():
         return None
     if inst._decoding_scratch is None:
         inst._decoding_scratch = {}
     return inst._decoding_scratch
-
-
-def _decoding_here(inst: ActorInstance) -> bool:
-    """Whether this thread unpickles ``inst``'s message now (not: a concurrent endpoint of the
-    actor, run by the loop while a thread unpickles a message off the loop)."""
-    decoding = inst._decoding
-    return decoding is True or (decoding is not False and decoding == threading.get_ident())
 
 
 def _run_callbacks(callbacks: list[Callable[[], None]] | None) -> None:
